@@ -1,0 +1,3 @@
+"""Layer 0: standard-library and torch helpers that import nothing else from hasten."""
+
+__all__: list[str] = []
