@@ -1,0 +1,45 @@
+# The two commands: `make demo` and `make test`. Both set up .venv on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hasten-installed
+# torch first, pinned: on this kind of machine 2.13.0 is a local CPU wheel, so no CUDA build is pulled.
+TORCH_SPEC ?= torch==2.13.0
+DEMO_DIR ?= demo_out
+
+.PHONY: demo test lint typecheck layers pytest bench clean install
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev,test]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(DEMO_DIR)
+	$(BIN)/hasten launch --cpu --num_processes 2 examples/train_classifier.py --project_dir $(DEMO_DIR)
+	$(BIN)/hasten plot $(DEMO_DIR) -o $(DEMO_DIR)/metrics.png
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+layers: $(STAMP)
+	$(BIN)/lint-imports
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck layers pytest
+
+bench: $(STAMP)
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
