@@ -1,0 +1,173 @@
+"""Writing and reading checkpoint files: atomic writes, safetensors by default, safe loading.
+
+Nothing loaded here can execute code: tensors come back through safetensors or through
+``torch.load(weights_only=True)`` with only the numpy types that RNG states need allow-listed.
+Loading an arbitrary pickle requires ``weights_only=False`` explicitly, and warns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from hasten.state import PartialState
+
+__all__ = [
+    "UnsafeCheckpointError",
+    "atomic_write",
+    "fsync_directory",
+    "is_safetensors_file",
+    "load",
+    "safe_globals",
+    "save",
+]
+
+_SAFETENSORS_SUFFIX = ".safetensors"
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A checkpoint needs more than tensors and plain data to load, so it was refused."""
+
+
+def safe_globals() -> list[Any]:
+    """The extra types allowed during a ``weights_only`` load: what numpy RNG states pickle to."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core to np._core
+    allowed: list[Any] = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    allowed += [type(np.dtype(kind)) for kind in ("uint32", "int64", "float64", "float32", "bool")]
+    allowed += [np.uint32, np.int64, np.float64, np.float32, np.bool_]
+    return allowed
+
+
+def fsync_directory(path: str | os.PathLike[str]) -> None:
+    """Flush a directory entry so a rename inside it survives a power cut."""
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Write ``path`` through a temporary file in the same folder, fsynced, then renamed in place.
+
+    A crash at any moment leaves either the old file or the complete new one, never a torn file.
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_directory(target.parent)
+
+
+def _should_write(save_on_each_node: bool) -> bool:
+    state = PartialState()
+    return state.is_local_main_process if save_on_each_node else state.is_main_process
+
+
+def _tensor_dict(obj: Any) -> dict[str, torch.Tensor]:
+    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise TypeError(
+            f"safe_serialization=True saves a flat dict of tensors, got {type(obj).__name__}. "
+            "Pass a state dict of tensors, or use safe_serialization=False for other objects."
+        )
+    return {str(k): v.detach().contiguous() for k, v in obj.items()}
+
+
+def save(
+    obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False,
+    safe_serialization: bool = False,
+) -> None:
+    """Save ``obj`` to ``f`` once per job (or once per node), atomically.
+
+    Args:
+        obj: the data to save; a flat dict of tensors when ``safe_serialization`` is set.
+        f: the file to write.
+        save_on_each_node: write on the local main process of every node instead of only on the
+            global main process (for nodes that do not share a file system).
+        safe_serialization: write safetensors instead of a pickle.
+    """
+    if not _should_write(save_on_each_node):
+        return
+    if safe_serialization:
+        from safetensors.torch import save as save_bytes
+
+        payload = save_bytes(_tensor_dict(obj), metadata={"format": "pt"})
+        with atomic_write(f) as handle:
+            handle.write(payload)
+        return
+    with atomic_write(f) as handle:
+        torch.save(obj, handle)
+
+
+def is_safetensors_file(f: str | os.PathLike[str]) -> bool:
+    """Whether ``f`` is a safetensors file (by suffix, else by its 8-byte header length)."""
+    path = Path(f)
+    if path.suffix == _SAFETENSORS_SUFFIX:
+        return True
+    with path.open("rb") as handle:
+        head = handle.read(9)
+    if len(head) < 9:
+        return False
+    header_len = int.from_bytes(head[:8], "little")
+    return head[8:9] == b"{" and 0 < header_len < path.stat().st_size
+
+
+def load(
+    f: str | os.PathLike[str] | BinaryIO, map_location: Any = None, **kwargs: Any
+) -> Any:
+    """Load what `save` wrote, refusing anything that could run code unless asked explicitly.
+
+    Args:
+        f: a file path or binary file object.
+        map_location: where tensors go (as in ``torch.load``); for safetensors a device.
+        **kwargs: passed to ``torch.load``. ``weights_only`` defaults to True; passing
+            ``weights_only=False`` loads arbitrary pickles (only for files you trust) and warns.
+
+    Raises:
+        UnsafeCheckpointError: the pickle needs types beyond tensors, plain data and numpy
+            arrays; the message says how to opt in.
+    """
+    if not hasattr(f, "read") and is_safetensors_file(f):  # type: ignore[arg-type]
+        from safetensors.torch import load_file
+
+        device = "cpu" if map_location is None else map_location
+        return load_file(os.fspath(f), device=str(device))
+    weights_only = kwargs.pop("weights_only", True)
+    if not weights_only:
+        warnings.warn(
+            f"Loading {f!r} with weights_only=False: the file can run arbitrary code. Only do "
+            "this for checkpoints you created or trust.",
+            UserWarning,
+            stacklevel=2,
+        )
+        return torch.load(f, map_location=map_location, weights_only=False, **kwargs)
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as exc:
+        detail = str(exc).strip().splitlines()[-1][:300]
+        raise UnsafeCheckpointError(
+            f"Refused to load {f!r}: it contains objects beyond tensors, plain data and numpy "
+            f"arrays, which could execute code when unpickled ({detail}). If you created or "
+            "trust this file, load it with `load(f, weights_only=False)`."
+        ) from exc
+

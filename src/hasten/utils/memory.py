@@ -1,0 +1,9 @@
+"""Compatibility path for ``accelerate.utils.memory``; the code lives in `hasten.platforms.memory`."""
+
+from hasten.platforms.memory import (
+    find_executable_batch_size,
+    release_memory,
+    should_reduce_batch_size,
+)
+
+__all__ = ["find_executable_batch_size", "release_memory", "should_reduce_batch_size"]

@@ -1,0 +1,93 @@
+"""save/load: atomic, safetensors when asked, and nothing that can run code on load."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hasten.checkpointing.io import (
+    UnsafeCheckpointError,
+    atomic_write,
+    is_safetensors_file,
+    load,
+    save,
+)
+
+
+class _Exploit:
+    """Unpickling this runs a shell command: the classic malicious checkpoint."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch PWNED",))
+
+
+def test_save_and_load_pickle_round_trip(tmp_path: Path) -> None:
+    state = {"w": torch.arange(6.0).reshape(2, 3), "step": 7, "name": "x", "lr": [0.1, 0.01]}
+    save(state, tmp_path / "state.bin")
+    loaded = load(tmp_path / "state.bin")
+    assert torch.equal(loaded["w"], state["w"])
+    assert loaded["step"] == 7 and loaded["name"] == "x" and loaded["lr"] == [0.1, 0.01]
+
+
+def test_save_safetensors_round_trip(tmp_path: Path) -> None:
+    state = {"a": torch.randn(3, 4), "b": torch.ones(2, dtype=torch.bfloat16)}
+    target = tmp_path / "weights.bin"  # safetensors detected by content, not only by suffix
+    save(state, target, safe_serialization=True)
+    assert is_safetensors_file(target)
+    loaded = load(target)
+    assert set(loaded) == {"a", "b"}
+    assert torch.equal(loaded["a"], state["a"]) and loaded["b"].dtype == torch.bfloat16
+
+
+def test_safe_serialization_rejects_non_tensor_dicts(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="flat dict of tensors"):
+        save({"step": 3}, tmp_path / "x.safetensors", safe_serialization=True)
+
+
+def test_rng_states_load_with_weights_only(tmp_path: Path) -> None:
+    states = {
+        "random_state": random.getstate(),
+        "numpy_random_seed": np.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+    save(states, tmp_path / "rng.pkl")
+    loaded = load(tmp_path / "rng.pkl")
+    np.random.set_state(loaded["numpy_random_seed"])
+    random.setstate(loaded["random_state"])
+    assert np.array_equal(loaded["numpy_random_seed"][1], states["numpy_random_seed"][1])
+
+
+def test_malicious_pickle_is_refused_and_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with open(tmp_path / "evil.bin", "wb") as handle:
+        pickle.dump({"w": _Exploit()}, handle)
+    with pytest.raises(UnsafeCheckpointError, match=r"weights_only=False"):
+        load(tmp_path / "evil.bin")
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_opting_out_of_weights_only_warns(tmp_path: Path) -> None:
+    torch.save({"obj": Path("somewhere")}, tmp_path / "path.bin")
+    with pytest.raises(UnsafeCheckpointError):
+        load(tmp_path / "path.bin")
+    with pytest.warns(UserWarning, match="arbitrary code"):
+        assert load(tmp_path / "path.bin", weights_only=False)["obj"] == Path("somewhere")
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="boom"), atomic_write(target) as handle:
+        handle.write(b"half-written")
+        raise RuntimeError("boom")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]  # no temporary left behind
+
