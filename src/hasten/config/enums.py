@@ -1,0 +1,206 @@
+"""The named choices a user can make (distributed type, precision, trackers, ...), as str enums.
+
+Every enum here is a `str` subclass, so members compare equal to their values
+(`PrecisionType.FP16 == "fp16"`), serialise to JSON/YAML as plain strings, and
+`"fp16" in PrecisionType` works on every Python version. `str(member)` is the value.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+__all__ = [
+    "ComputeEnvironment",
+    "CustomDtype",
+    "DDPCommunicationHookType",
+    "DistributedType",
+    "DynamoBackend",
+    "FP8BackendType",
+    "LoggerType",
+    "PrecisionType",
+    "ProfilerActivity",
+    "RNGType",
+    "SageMakerDistributedType",
+]
+
+
+class _ValueContainsMeta(enum.EnumMeta):
+    """Let `value in EnumClass` test values as well as members (Python < 3.12 raises instead)."""
+
+    def __contains__(cls, item: object) -> bool:
+        if isinstance(item, cls):
+            return True
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class _StrEnum(str, enum.Enum, metaclass=_ValueContainsMeta):
+    """Base of every hasten enum: a str whose `str()` is its value, with `list()` of all values."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, format_spec: str) -> str:
+        return format(str(self.value), format_spec)
+
+    @classmethod
+    def list(cls) -> list[str]:
+        """Return the values of every member, in declaration order."""
+        return [str(member.value) for member in cls]
+
+    @classmethod
+    def _missing_(cls, value: Any) -> Any:
+        # Accept the same spelling in another case ("fp16" / "FP16") so config files and env vars
+        # written by hand keep working; the canonical member is returned.
+        if isinstance(value, str):
+            for member in cls:
+                if member.value.lower() == value.lower():
+                    return member
+        return None
+
+
+class ComputeEnvironment(_StrEnum):
+    """Where the job runs.
+
+    Values: LOCAL_MACHINE (private or custom cluster hardware), AMAZON_SAGEMAKER.
+    """
+
+    LOCAL_MACHINE = "LOCAL_MACHINE"
+    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class DistributedType(_StrEnum):
+    """How the processes of a job are organised: a label derived from platform x strategy.
+
+    NO is a single process; MULTI_<FAMILY> is plain data parallelism on that hardware family;
+    DEEPSPEED, FSDP, XLA and MEGATRON_LM name the engine in charge.
+    """
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+
+
+class SageMakerDistributedType(_StrEnum):
+    """Distributed mode on Amazon SageMaker: NO, DATA_PARALLEL or MODEL_PARALLEL."""
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
+class FP8BackendType(_StrEnum):
+    """Library that implements fp8 training: TransformerEngine (TE), MS-AMP or torchao (AO)."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
+
+
+class DynamoBackend(_StrEnum):
+    """Backend handed to `torch.compile` (see https://pytorch.org/docs/stable/torch.compiler.html).
+
+    NO disables compilation; INDUCTOR is PyTorch's default compiler; EAGER and AOT_EAGER are
+    debugging backends; the others name third-party or hardware-specific compilers.
+    """
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
+
+
+class LoggerType(_StrEnum):
+    """Experiment trackers hasten can log to; ALL means every one that is installed."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+
+
+class PrecisionType(_StrEnum):
+    """Numeric policy: NO (full fp32), FP8, FP16 (half) or BF16 (brain float)."""
+
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class RNGType(_StrEnum):
+    """Random number generators that can be synchronised across processes."""
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
+    GENERATOR = "generator"
+
+
+class DDPCommunicationHookType(_StrEnum):
+    """Gradient communication hook registered on a DistributedDataParallel model."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class CustomDtype(_StrEnum):
+    """Sub-byte or non-torch dtypes understood when sizing modules for a device map."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+class ProfilerActivity(_StrEnum):
+    """Device activity a `ProfileKwargs` profiler records."""
+
+    CPU = "cpu"
+    XPU = "xpu"
+    MTIA = "mtia"
+    CUDA = "cuda"
+    HPU = "hpu"

@@ -1,0 +1,48 @@
+"""File names and fixed values shared by checkpointing, saving and the launcher.
+
+The checkpoint names are part of the on-disk format that Accelerate users already have, so
+they are kept verbatim.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "PROFILE_PATTERN_NAME",
+    "RNG_STATE_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_WEIGHTS_PATTERN_NAME",
+    "SAMPLER_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
+    "TORCH_DYNAMO_MODES",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "WEIGHTS_PATTERN_NAME",
+]
+
+# Written by Accelerator.save_state().
+MODEL_NAME = "pytorch_model"
+OPTIMIZER_NAME = "optimizer"
+RNG_STATE_NAME = "random_states"
+SCALER_NAME = "scaler.pt"
+SCHEDULER_NAME = "scheduler"
+SAMPLER_NAME = "sampler"
+
+# Written by Accelerator.save_model().
+SAFE_MODEL_NAME = "model"
+WEIGHTS_NAME = f"{MODEL_NAME}.bin"
+WEIGHTS_PATTERN_NAME = "pytorch_model{suffix}.bin"
+WEIGHTS_INDEX_NAME = f"{WEIGHTS_NAME}.index.json"
+SAFE_WEIGHTS_NAME = f"{SAFE_MODEL_NAME}.safetensors"
+SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
+
+# Chrome traces exported by the profiler.
+PROFILE_PATTERN_NAME = "profile_{suffix}.json"
+
+# Modes accepted by torch.compile(mode=...).
+TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
