@@ -1,0 +1,97 @@
+"""Distributed data parallel: one model replica per process, gradients all-reduced in backward."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from hasten.strategies.base import Strategy
+
+__all__ = ["DDPStrategy", "DDPWrapSettings"]
+
+# DistributedDataParallelKwargs fields that configure the comm hook, not the DDP constructor.
+_HOOK_FIELDS = frozenset({"comm_hook", "comm_wrapper", "comm_state_option"})
+
+
+class DDPWrapSettings(Protocol):
+    """What the strategy needs from `DistributedDataParallelKwargs` (config layer)."""
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """Return the fields the user changed from their defaults."""
+        ...
+
+    def register_comm_hook(self, model: DistributedDataParallel) -> None:
+        """Install the requested communication hook (fp16/bf16/PowerSGD...) on ``model``."""
+        ...
+
+
+class DDPStrategy(Strategy):
+    """Wrap the model in `DistributedDataParallel` with the user's kwargs and comm hook.
+
+    Args:
+        device_ids: passed to DDP (``[local_index]`` on accelerators, None on CPU).
+        ddp_kwargs: the user's `DistributedDataParallelKwargs`, or None for DDP's defaults.
+    """
+
+    name = "ddp"
+    syncs_gradients = True
+
+    def __init__(
+        self, device_ids: list[int] | None = None, ddp_kwargs: DDPWrapSettings | None = None
+    ) -> None:
+        self.device_ids = device_ids
+        self.ddp_kwargs = ddp_kwargs
+
+    def wrap_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the `DistributedDataParallel` constructor."""
+        kwargs: dict[str, Any] = {}
+        if self.ddp_kwargs is not None:
+            kwargs = {k: v for k, v in self.ddp_kwargs.to_kwargs().items() if k not in _HOOK_FIELDS}
+        if self.device_ids is not None:
+            kwargs.setdefault("device_ids", self.device_ids)
+            kwargs.setdefault("output_device", self.device_ids[0])
+        return kwargs
+
+    @override
+    def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
+        module = super().setup_module(module, device)
+        if not any(p.requires_grad for p in module.parameters()):
+            # DDP refuses modules without trainable parameters (e.g. a frozen evaluation model).
+            return module
+        wrapped = DistributedDataParallel(module, **self.wrap_kwargs())
+        if self.ddp_kwargs is not None:
+            self.ddp_kwargs.register_comm_hook(wrapped)
+        return wrapped
+
+    @override
+    def no_sync(self, module: nn.Module) -> AbstractContextManager[None]:
+        if isinstance(module, DistributedDataParallel):
+            return module.no_sync()
+        return contextlib.nullcontext()
+
+    @override
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, module: nn.Module) -> Iterator[None]:
+        if not isinstance(module, DistributedDataParallel):
+            yield
+            return
+        saved = (module.require_backward_grad_sync, module.require_forward_param_sync)
+        module.require_backward_grad_sync = True
+        module.require_forward_param_sync = True
+        # The reducer must expect this backward even if forward ran under no_sync.
+        module.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            module.require_backward_grad_sync, module.require_forward_param_sync = saved
+
+    @override
+    def __repr__(self) -> str:
+        return f"DDPStrategy(device_ids={self.device_ids!r})"

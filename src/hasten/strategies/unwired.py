@@ -1,0 +1,45 @@
+"""Placeholder for engines whose plugins are accepted but whose strategy is not wired yet."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from hasten.strategies.base import Strategy
+
+__all__ = ["UnwiredStrategy"]
+
+
+class UnwiredStrategy(Strategy):
+    """Stands in for DeepSpeed / FSDP / Megatron-LM / XLA until their engines land.
+
+    The Accelerator can be built (the plugin is validated and stored), but preparing anything
+    raises `NotImplementedError` that names the engine and what works today.
+    """
+
+    name = "unwired"
+
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+
+    def _refuse(self) -> NoReturn:
+        raise NotImplementedError(
+            f"The {self.engine} engine is not wired into hasten yet: its plugin was accepted and "
+            f"validated, but models cannot be prepared with it. Remove the {self.engine} "
+            "plugin/config (and ACCELERATE_USE_* variable) to train with DDP or a single process."
+        )
+
+    @override
+    def check_usable(self) -> None:
+        self._refuse()
+
+    @override
+    def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
+        self._refuse()
+
+    @override
+    def __repr__(self) -> str:
+        return f"UnwiredStrategy(engine={self.engine!r})"
