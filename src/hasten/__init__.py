@@ -42,6 +42,4 @@ _TABLE: dict[str, list[str]] = {
 
 __getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())
 
-__all__ = sorted(
-    ["__version__"] + [name for names in _TABLE.values() for name in names]
-)
+__all__ = sorted(["__version__"] + [name for names in _TABLE.values() for name in names])

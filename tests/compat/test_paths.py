@@ -120,9 +120,11 @@ def test_documented_name_has_documented_signature(entry: dict[str, Any]) -> None
     actual = _parameters(obj)
     assert [p.name for p in actual] == [p["name"] for p in entry["params"]]
     for documented, param in zip(entry["params"], actual):
-        assert param.kind.name == documented["kind"] or documented["kind"] == (
-            "POSITIONAL_OR_KEYWORD"
-        ) and param.kind.name in ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY"), param
+        assert (
+            param.kind.name == documented["kind"]
+            or documented["kind"] == ("POSITIONAL_OR_KEYWORD")
+            and param.kind.name in ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")
+        ), param
         if "default" in documented:
             assert param.default is not inspect.Parameter.empty, f"{param.name} has no default"
             assert _default_matches(documented["default"], param.default), (

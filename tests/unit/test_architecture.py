@@ -16,10 +16,16 @@ LINE_CAP = 800
 LINE_CAP_EXCEPTIONS = {"accelerator.py": 1500}
 # `DistributedType.X` member access (a branch on the label) is allowed only where the label is
 # defined, declared by a platform, detected, mapped to a strategy, or written by the questionnaire.
-DISPATCH_ALLOWED = ("config/enums.py", "platforms/", "state/detect.py", "strategies/select.py",
-                    "commands/config/")
-COMPAT_SHIMS = [p for p in MODULES if p.relative_to(SRC).parts[0] == "utils"
-                and p.name != "__init__.py"] + [SRC / "hooks.py", SRC / "parallelism_config.py"]
+DISPATCH_ALLOWED = (
+    "config/enums.py",
+    "platforms/",
+    "state/detect.py",
+    "strategies/select.py",
+    "commands/config/",
+)
+COMPAT_SHIMS = [
+    p for p in MODULES if p.relative_to(SRC).parts[0] == "utils" and p.name != "__init__.py"
+] + [SRC / "hooks.py", SRC / "parallelism_config.py"]
 
 
 def _rel(path: Path) -> str:
@@ -35,8 +41,11 @@ def test_module_size_cap(path: Path) -> None:
 
 def _declared_all(tree: ast.Module) -> list[str] | None:
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else (
-            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else ([node.target] if isinstance(node, ast.AnnAssign) else [])
+        )
         for target in targets:
             if isinstance(target, ast.Name) and target.id == "__all__":
                 try:
@@ -106,6 +115,7 @@ def test_import_hasten_has_no_side_effects_and_loads_nothing_optional() -> None:
         "loaded = [m for m in heavy if m in sys.modules]\n"
         "assert not loaded, f'import hasten loaded optional/heavy modules: {loaded}'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr

@@ -93,7 +93,9 @@ def _tensor_dict(obj: Any) -> dict[str, torch.Tensor]:
 
 
 def save(
-    obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False,
+    obj: Any,
+    f: str | os.PathLike[str],
+    save_on_each_node: bool = False,
     safe_serialization: bool = False,
 ) -> None:
     """Save ``obj`` to ``f`` once per job (or once per node), atomically.
@@ -131,9 +133,7 @@ def is_safetensors_file(f: str | os.PathLike[str]) -> bool:
     return head[8:9] == b"{" and 0 < header_len < path.stat().st_size
 
 
-def load(
-    f: str | os.PathLike[str] | BinaryIO, map_location: Any = None, **kwargs: Any
-) -> Any:
+def load(f: str | os.PathLike[str] | BinaryIO, map_location: Any = None, **kwargs: Any) -> Any:
     """Load what `save` wrote, refusing anything that could run code unless asked explicitly.
 
     Args:
@@ -170,4 +170,3 @@ def load(
             f"arrays, which could execute code when unpickled ({detail}). If you created or "
             "trust this file, load it with `load(f, weights_only=False)`."
         ) from exc
-

@@ -103,7 +103,11 @@ _TABLE: dict[str, list[str]] = {
         "is_torch_xla_available",
         "is_xpu_available",
     ],
-    "hasten.platforms.numa": ["get_numa_node_for_device", "override_numa_affinity", "set_numa_affinity"],
+    "hasten.platforms.numa": [
+        "get_numa_node_for_device",
+        "override_numa_affinity",
+        "set_numa_affinity",
+    ],
     "hasten.platforms.memory": [
         "find_executable_batch_size",
         "get_xpu_available_memory",

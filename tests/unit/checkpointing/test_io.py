@@ -90,4 +90,3 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path: Path) -> None:
         raise RuntimeError("boom")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]  # no temporary left behind
-

@@ -1,0 +1,99 @@
+"""Model weights in a checkpoint: safetensors without a second copy, and tied-weight aliases.
+
+Reading parses the safetensors layout (8-byte header length, JSON header, raw data) straight
+from the verified bytes with ``torch.frombuffer``, so the tensors are views of the one buffer
+that was checksummed: peak memory while loading is the model plus one file.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+__all__ = ["dedupe_shared_tensors", "safetensors_bytes", "tensors_from_safetensors"]
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+def dedupe_shared_tensors(
+    state_dict: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Keep one name per shared storage (tied weights); return the rest as ``alias -> kept``.
+
+    safetensors refuses tensors that share memory; the aliases are stored in the manifest and
+    put back on load, so a model with tied embeddings round-trips without duplication.
+    """
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    owner: dict[tuple[Any, int, tuple[int, ...], torch.dtype], str] = {}
+    for name, tensor in state_dict.items():
+        if tensor.device.type == "meta" or tensor.numel() == 0:
+            kept[name] = tensor
+            continue
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.dtype,
+        )
+        if key in owner:
+            aliases[name] = owner[key]
+            continue
+        owner[key] = name
+        kept[name] = tensor
+    return kept, aliases
+
+
+def safetensors_bytes(state_dict: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """Serialize a (deduplicated) state dict to safetensors bytes."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    return save(tensors, metadata={"format": "pt", **metadata})
+
+
+def tensors_from_safetensors(buffer: bytearray) -> dict[str, torch.Tensor]:
+    """Zero-copy tensors over a safetensors file held in ``buffer``.
+
+    Raises:
+        ValueError: the buffer is not a valid safetensors file (the message says what is off).
+    """
+    if len(buffer) < 8:
+        raise ValueError("not a safetensors file: shorter than its 8-byte header length")
+    header_len = int.from_bytes(buffer[:8], "little")
+    if header_len <= 0 or 8 + header_len > len(buffer):
+        raise ValueError(f"not a safetensors file: header length {header_len} is out of range")
+    header = json.loads(bytes(buffer[8 : 8 + header_len]))
+    base = 8 + header_len
+    tensors: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"tensor {name!r} has unsupported dtype {info['dtype']!r}")
+        begin, end = info["data_offsets"]
+        shape = info["shape"]
+        if end == begin:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+            continue
+        flat = torch.frombuffer(
+            buffer, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=base + begin
+        )
+        tensors[name] = flat.view(shape)
+    return tensors
