@@ -103,7 +103,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         files = {f["name"]: FileRecord(**f) for f in manifest["files"]}
     except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptCheckpointError(f"{path} is damaged ({exc}); load an earlier checkpoint.")
+        raise CorruptCheckpointError(
+            f"{path} is damaged ({exc}); load an earlier checkpoint."
+        ) from exc
     for record in files.values():
         target = folder / record.name
         if not target.is_file():
