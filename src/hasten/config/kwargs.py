@@ -1,0 +1,415 @@
+"""Kwargs handlers: dataclasses that customise a torch object hasten builds for the user.
+
+Pass them to `Accelerator(kwargs_handlers=[...])`. Each one knows which of its fields the user
+changed (`to_kwargs()`), so hasten forwards only those and torch keeps its own defaults for
+the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from hasten.config.enums import DDPCommunicationHookType, ProfilerActivity
+from hasten.core.constants import PROFILE_PATTERN_NAME
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "AutocastKwargs",
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
+    "ProfileKwargs",
+]
+
+_MISSING = object()
+
+
+_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
+def _class_defaults(cls: type) -> dict[str, Any]:
+    """Return `{field: default}` for dataclass `cls`, computed once per class."""
+    cached = _DEFAULTS.get(cls)
+    if cached is not None:
+        return cached
+    defaults: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory()
+        else:
+            defaults[field.name] = _MISSING
+    _DEFAULTS[cls] = defaults
+    return defaults
+
+
+class KwargsHandler:
+    """Mixin for kwargs dataclasses: `to_dict()` and `to_kwargs()` (only the changed fields)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return every field of this handler as a new dict."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """Return the fields whose value differs from this class's default.
+
+        The class defaults are taken from the field declarations once per class (no instance
+        is built and the environment is not consulted), so calling this is cheap.
+        """
+        defaults = _class_defaults(type(self))
+        return {
+            name: value
+            for name, value in self.to_dict().items()
+            if defaults.get(name, _MISSING) is _MISSING or defaults[name] != value
+        }
+
+
+@dataclasses.dataclass
+class AutocastKwargs(KwargsHandler):
+    """Customise `torch.autocast` (see its documentation for each argument).
+
+    Example:
+        >>> AutocastKwargs(cache_enabled=True).to_kwargs()
+        {'cache_enabled': True}
+    """
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+def _hook_type(value: Any, field_name: str) -> DDPCommunicationHookType:
+    if value in DDPCommunicationHookType:
+        return DDPCommunicationHookType(value)
+    raise ValueError(
+        f"DistributedDataParallelKwargs({field_name}={value!r}) is not a known communication "
+        f"hook; use one of {DDPCommunicationHookType.list()}"
+    )
+
+
+_POWER_SGD = (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD)
+_WRAPPERS = (
+    DDPCommunicationHookType.NO,
+    DDPCommunicationHookType.FP16,
+    DDPCommunicationHookType.BF16,
+)
+
+
+@dataclasses.dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Customise how a model is wrapped in `torch.nn.parallel.DistributedDataParallel`.
+
+    `comm_hook` compresses gradients before they are all-reduced (fp16, bf16, power_sgd,
+    batched_power_sgd); `comm_wrapper` (fp16 or bf16) additionally casts what a power_sgd hook
+    sends; `comm_state_option` is passed to `PowerSGDState` (e.g. matrix_approximation_rank).
+    The comm_* fields are not DDP constructor arguments, so `to_dict()`/`to_kwargs()` leave
+    them out; `register_comm_hook(ddp_model)` applies them.
+
+    Example:
+        >>> DistributedDataParallelKwargs(find_unused_parameters=True).to_kwargs()
+        {'find_unused_parameters': True}
+    """
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: Literal[
+        DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16, DDPCommunicationHookType.BF16
+    ] = DDPCommunicationHookType.NO
+    comm_state_option: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.comm_hook = _hook_type(self.comm_hook, "comm_hook")
+        wrapper = _hook_type(self.comm_wrapper, "comm_wrapper")
+        if wrapper not in _WRAPPERS:
+            raise ValueError(
+                f"DistributedDataParallelKwargs(comm_wrapper={self.comm_wrapper!r}) is not a "
+                f"wrapper; use one of {[str(w) for w in _WRAPPERS]}"
+            )
+        self.comm_wrapper = wrapper  # type: ignore[assignment]
+        if (
+            wrapper is not DDPCommunicationHookType.NO
+            and self.comm_hook is DDPCommunicationHookType.NO
+        ):
+            raise ValueError(
+                f"DistributedDataParallelKwargs(comm_wrapper={str(wrapper)!r}) wraps a hook, but "
+                "comm_hook is 'no'; also set comm_hook (e.g. 'power_sgd') or drop comm_wrapper"
+            )
+        if self.comm_state_option and self.comm_hook not in _POWER_SGD:
+            raise ValueError(
+                f"DistributedDataParallelKwargs(comm_state_option={self.comm_state_option!r}) is "
+                f"only used by the power_sgd hooks, but comm_hook={str(self.comm_hook)!r}; set "
+                "comm_hook='power_sgd' or 'batched_power_sgd', or drop comm_state_option"
+            )
+        if self.comm_hook in _POWER_SGD:
+            _check_power_sgd_options(self.comm_state_option)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the DDP constructor arguments (the comm_* fields are left out)."""
+        values = super().to_dict()
+        for name in ("comm_hook", "comm_wrapper", "comm_state_option"):
+            values.pop(name)
+        return values
+
+    def register_comm_hook(self, model: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Register the configured communication hook (and wrapper) on DDP-wrapped `model`.
+
+        Raises:
+            TypeError: `model` is not a DistributedDataParallel module.
+        """
+        if self.comm_hook is DDPCommunicationHookType.NO:
+            return
+        if not hasattr(model, "register_comm_hook"):
+            raise TypeError(
+                f"register_comm_hook needs a torch.nn.parallel.DistributedDataParallel model, got "
+                f"{type(model).__name__}; wrap the model with DDP first"
+            )
+        if DDPCommunicationHookType.BF16 in (self.comm_hook, self.comm_wrapper):
+            _require_bf16_hook_support(self.comm_hook, self.comm_wrapper)
+        hook, state = _build_comm_hook(self.comm_hook, self.comm_wrapper, self.comm_state_option)
+        model.register_comm_hook(state=state, hook=hook)
+
+
+def _require_bf16_hook_support(
+    hook: DDPCommunicationHookType, wrapper: DDPCommunicationHookType
+) -> None:
+    # torch only accepts the bf16 hooks on CUDA/ROCm builds with NCCL >= 2.10 or on XPU with
+    # XCCL (DistributedDataParallel._check_comm_hook); say so before DDP does it obscurely.
+    import torch
+    import torch.distributed as dist
+
+    cuda_build = torch.version.cuda is not None or torch.version.hip is not None
+    nccl = cuda_build and dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
+    xccl = (
+        getattr(dist, "is_xccl_available", lambda: False)()
+        and hasattr(torch, "xpu")
+        and torch.xpu.is_available()
+    )
+    if not (nccl or xccl):
+        raise RuntimeError(
+            f"DistributedDataParallelKwargs(comm_hook={str(hook)!r}, comm_wrapper={str(wrapper)!r})"
+            " needs bf16 all-reduce, which torch only supports with CUDA and NCCL >= 2.10 or XPU "
+            "with XCCL; this torch build has neither. Use comm_hook='fp16' (or "
+            "comm_wrapper='fp16') instead"
+        )
+
+
+def _check_power_sgd_options(options: dict[str, Any]) -> None:
+    # Imported here: torch.distributed's hook modules are only needed when PowerSGD is asked for.
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    allowed = set(inspect.signature(powerSGD_hook.PowerSGDState).parameters) - {"process_group"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(
+            f"DistributedDataParallelKwargs(comm_state_option=...) has unknown keys {unknown}; "
+            f"PowerSGDState accepts {sorted(allowed)}"
+        )
+
+
+def _build_comm_hook(
+    hook_type: DDPCommunicationHookType,
+    wrapper_type: DDPCommunicationHookType,
+    state_option: dict[str, Any],
+) -> tuple[Callable[..., Any], Any]:
+    # Imported here: only needed when a hook is registered (once, at prepare time).
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    hooks: dict[DDPCommunicationHookType, Callable[..., Any]] = {
+        DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+        DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+        DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+        DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+    }
+    wrappers: dict[DDPCommunicationHookType, Callable[..., Any]] = {
+        DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+        DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
+    }
+    hook = hooks[hook_type]
+    if wrapper_type in wrappers:
+        hook = wrappers[wrapper_type](hook)
+    state = powerSGD_hook.PowerSGDState(None, **state_option) if hook_type in _POWER_SGD else None
+    return hook, state
+
+
+@dataclasses.dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Customise the `torch.amp.GradScaler` used for fp16 mixed precision.
+
+    Example:
+        >>> GradScalerKwargs(backoff_factor=0.25).to_kwargs()
+        {'backoff_factor': 0.25}
+    """
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.init_scale <= 0:
+            raise ValueError(f"GradScalerKwargs(init_scale={self.init_scale!r}) must be > 0")
+        if self.growth_factor <= 1.0:
+            raise ValueError(
+                f"GradScalerKwargs(growth_factor={self.growth_factor!r}) must be > 1.0"
+            )
+        if not 0.0 < self.backoff_factor < 1.0:
+            raise ValueError(
+                f"GradScalerKwargs(backoff_factor={self.backoff_factor!r}) must be in (0, 1)"
+            )
+        if self.growth_interval < 1:
+            raise ValueError(
+                f"GradScalerKwargs(growth_interval={self.growth_interval!r}) must be >= 1"
+            )
+
+
+@dataclasses.dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Customise `torch.distributed.init_process_group`.
+
+    `timeout=None` lets hasten use its default (10 minutes), after which a stuck collective
+    raises an error naming what every rank was doing instead of hanging.
+
+    Example:
+        >>> InitProcessGroupKwargs(timeout=timedelta(seconds=800)).to_kwargs()
+        {'timeout': datetime.timedelta(seconds=800)}
+    """
+
+    backend: str | None = "nccl"
+    init_method: str | None = None
+    timeout: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None:
+            if not isinstance(self.timeout, timedelta):
+                raise TypeError(
+                    f"InitProcessGroupKwargs(timeout={self.timeout!r}) must be a "
+                    "datetime.timedelta, e.g. timedelta(seconds=800)"
+                )
+            if self.timeout <= timedelta(0):
+                raise ValueError(
+                    f"InitProcessGroupKwargs(timeout={self.timeout!r}) must be positive"
+                )
+
+
+_SCHEDULE_REQUIRED = ("wait", "warmup", "active")
+_SCHEDULE_OPTIONAL = ("repeat", "skip_first", "skip_first_wait")
+
+
+@dataclasses.dataclass
+class ProfileKwargs(KwargsHandler):
+    """Customise `torch.profiler.profile`; `build()` returns the profiler.
+
+    Args:
+        activities: any of "cpu", "xpu", "mtia", "cuda", "hpu" (None = torch's default).
+        schedule_option: keys wait, warmup, active (required), repeat, skip_first,
+            skip_first_wait, passed to `torch.profiler.schedule`.
+        on_trace_ready: called each time the schedule finishes an active window.
+        record_shapes: record operator input shapes.
+        profile_memory: track tensor allocations.
+        with_stack: record source file and line of each operator.
+        with_flops: estimate FLOPs of supported operators.
+        with_modules: record the module hierarchy of each operator.
+        output_trace_dir: where `export_trace()` writes a Chrome trace per process.
+
+    Example:
+        >>> ProfileKwargs(activities=["cpu"], record_shapes=True).to_kwargs()
+        {'activities': ['cpu'], 'record_shapes': True}
+    """
+
+    activities: list[Literal["cpu", "xpu", "mtia", "cuda", "hpu"]] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Callable[..., Any] | None = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for activity in self.activities or ():
+            if activity not in ProfilerActivity:
+                raise ValueError(
+                    f"ProfileKwargs(activities=[..., {activity!r}, ...]) has an unknown activity; "
+                    f"use any of {ProfilerActivity.list()}"
+                )
+        if self.schedule_option is not None:
+            missing = [key for key in _SCHEDULE_REQUIRED if key not in self.schedule_option]
+            unknown = sorted(
+                set(self.schedule_option) - set(_SCHEDULE_REQUIRED) - set(_SCHEDULE_OPTIONAL)
+            )
+            if missing or unknown:
+                raise ValueError(
+                    f"ProfileKwargs(schedule_option={self.schedule_option!r}) is missing "
+                    f"{missing} / has unknown {unknown}; required keys are "
+                    f"{list(_SCHEDULE_REQUIRED)}, optional {list(_SCHEDULE_OPTIONAL)}"
+                )
+
+    def _torch_activities(self) -> list[Any] | None:
+        from torch.profiler import ProfilerActivity as TorchActivity
+
+        if self.activities is None:
+            return None
+        result = []
+        for activity in self.activities:
+            member = getattr(TorchActivity, ProfilerActivity(activity).name, None)
+            if member is None:
+                raise ValueError(
+                    f"ProfileKwargs(activities=[..., {activity!r}, ...]) is not supported by this "
+                    f"torch build; available: {[a.lower() for a in TorchActivity.__members__]}"
+                )
+            result.append(member)
+        return result
+
+    def build(self) -> torch.profiler.profile:
+        """Build a `torch.profiler.profile` from this configuration."""
+        import torch.profiler
+
+        schedule = (
+            torch.profiler.schedule(**self.schedule_option)
+            if self.schedule_option is not None
+            else None
+        )
+        return torch.profiler.profile(
+            activities=self._torch_activities(),
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+    def trace_path(self, process_index: int = 0) -> Path | None:
+        """Return where process `process_index`'s Chrome trace goes (None without a directory)."""
+        if self.output_trace_dir is None:
+            return None
+        return Path(self.output_trace_dir) / PROFILE_PATTERN_NAME.format(suffix=process_index)
+
+    def export_trace(self, profiler: torch.profiler.profile, process_index: int = 0) -> Path | None:
+        """Write `profiler`'s Chrome trace to `output_trace_dir/profile_<process_index>.json`.
+
+        Returns the file written, or None when `output_trace_dir` is not set.
+        """
+        path = self.trace_path(process_index)
+        if path is None:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(path))
+        return path
