@@ -1,0 +1,6 @@
+"""Layer 8: the ``hasten`` command line (launch, config, env, test, estimate-memory, plot).
+
+Import the submodules directly (`hasten.commands.launch`, ...); this package imports nothing.
+"""
+
+__all__: list[str] = []

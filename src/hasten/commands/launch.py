@@ -1,0 +1,230 @@
+"""``hasten launch``: run a training script on one or many processes and machines.
+
+The command only parses and plans; `hasten.launchers` does the work (one process runs the
+script directly, several go through PyTorch's elastic agent).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from hasten.commands.config.config_args import default_config_path, load_config_from_file
+from hasten.config import envvars
+from hasten.config.enums import DynamoBackend, PrecisionType
+from hasten.launchers.elastic import run
+from hasten.launchers.env import plugin_env, worker_env
+from hasten.launchers.plan import RDZV_BACKENDS, SETTINGS, LaunchPlan, build_plan, resolve_settings
+from hasten.launchers.slurm import slurm_topology
+
+__all__ = [
+    "PRECEDENCE",
+    "launch_command",
+    "launch_command_parser",
+    "load_launch_config",
+    "plan_from_args",
+    "register",
+]
+
+PRECEDENCE = """\
+Where each setting comes from, highest priority first:
+  1. an argument written in the script (e.g. Accelerator(mixed_precision="bf16"))
+  2. a flag of this command (e.g. --mixed_precision fp16)
+  3. an environment variable (e.g. ACCELERATE_MIXED_PRECISION=fp16; inside a SLURM
+     allocation started with srun, SLURM_NNODES / SLURM_NODEID / SLURM_JOB_NODELIST give
+     --num_machines / --machine_rank / --main_process_ip)
+  4. the config file (--config_file, else $HF_HOME/accelerate/default_config.yaml if present)
+  5. the built-in default
+`hasten env` prints every effective setting and where it came from.
+"""
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(
+            f"--env expects KEY=VALUE (e.g. --env NCCL_DEBUG=INFO), got {text!r}"
+        )
+    return name.strip(), value
+
+
+def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Processes and machines")
+    group.add_argument(
+        "--cpu",
+        dest="use_cpu",
+        action="store_true",
+        default=None,
+        help="Run on CPU even if accelerators are present (gloo backend).",
+    )
+    group.add_argument(
+        "--multi_gpu",
+        action="store_true",
+        default=None,
+        help="Use every visible GPU when --num_processes is not given.",
+    )
+    group.add_argument("--num_processes", type=int, help="Total processes over all machines.")
+    group.add_argument("--num_machines", type=int, help="Number of machines (nodes).")
+    group.add_argument("--machine_rank", type=int, help="Index of this machine (0 = main).")
+    group.add_argument("--main_process_ip", help="Address of machine 0.")
+    group.add_argument(
+        "--main_process_port",
+        type=int,
+        help="Port of the rendezvous on machine 0 (default 29500; 0 = any free).",
+    )
+    group.add_argument(
+        "--rdzv_backend",
+        choices=RDZV_BACKENDS,
+        help="Rendezvous: static (machine ranks given) or c10d (elastic).",
+    )
+    group.add_argument(
+        "--same_network",
+        action="store_true",
+        default=None,
+        help="All machines share one local network.",
+    )
+    group.add_argument("--gpu_ids", help="Comma-separated device ids to use (default all).")
+    group.add_argument(
+        "--num_cpu_threads_per_process",
+        type=int,
+        help="OMP_NUM_THREADS of each worker (default: cores / processes).",
+    )
+    group.add_argument(
+        "--enable_cpu_affinity",
+        action="store_true",
+        default=None,
+        help="Pin each worker to the cores of its NUMA node.",
+    )
+    group.add_argument(
+        "--max_restarts",
+        type=int,
+        help="Restart the whole worker group this many times after a failure.",
+    )
+    group.add_argument(
+        "--monitor_interval", type=float, help="Seconds between worker health checks (default 0.1)."
+    )
+
+
+def _add_training_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Training settings passed to the script")
+    group.add_argument(
+        "--mixed_precision",
+        type=str.lower,
+        choices=PrecisionType.list(),
+        help="Mixed precision (sets ACCELERATE_MIXED_PRECISION).",
+    )
+    group.add_argument(
+        "--gradient_accumulation_steps", type=int, help="Micro-batches per optimizer step."
+    )
+    group.add_argument(
+        "--dynamo_backend",
+        type=str.lower,
+        choices=[value.lower() for value in DynamoBackend.list()],
+        help="torch.compile backend (no = off).",
+    )
+    group.add_argument("--dynamo_mode", help="torch.compile mode (default, reduce-overhead, ...).")
+    group.add_argument(
+        "--dynamo_use_fullgraph",
+        action="store_true",
+        default=None,
+        help="torch.compile(fullgraph=True).",
+    )
+    group.add_argument(
+        "--dynamo_use_dynamic",
+        action="store_true",
+        default=None,
+        help="torch.compile(dynamic=True).",
+    )
+    group.add_argument(
+        "--debug",
+        action="store_true",
+        default=None,
+        help="Check collective shapes across processes (ACCELERATE_DEBUG_MODE).",
+    )
+    group.add_argument(
+        "--env",
+        action="append",
+        type=_env_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="Set a variable in every worker (repeatable); applied last.",
+    )
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Return the ``hasten launch`` parser (added to `subparsers` when given)."""
+    kwargs: dict[str, Any] = {
+        "description": "Launch a training script on one or many processes and machines.",
+        "epilog": PRECEDENCE,
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+        "allow_abbrev": False,
+    }
+    if subparsers is not None:
+        parser = subparsers.add_parser("launch", help="Launch a training script.", **kwargs)
+    else:
+        parser = argparse.ArgumentParser("hasten launch", **kwargs)
+    parser.add_argument("--config_file", help="Config file to use (YAML or JSON).")
+    _add_topology_flags(parser)
+    _add_training_flags(parser)
+    command = parser.add_argument_group("Command")
+    command.add_argument(
+        "-m", "--module", action="store_true", help="Run the script as a module (python -m script)."
+    )
+    command.add_argument(
+        "--no_python", action="store_true", help="Run the script as an executable, without python."
+    )
+    parser.add_argument("training_script", help="The script (or module) to run.")
+    parser.add_argument(
+        "training_script_args", nargs=argparse.REMAINDER, help="Arguments of the script."
+    )
+    parser.set_defaults(func=launch_command)
+    return parser
+
+
+def register(subparsers: Any) -> None:
+    """Add ``hasten launch`` to the ``hasten`` command table."""
+    launch_command_parser(subparsers)
+
+
+def load_launch_config(config_file: str | None) -> dict[str, Any] | None:
+    """Return the config file as a dict: `config_file`, else the default one if it exists."""
+    if config_file is None:
+        config_file = default_config_path()
+        if not Path(config_file).is_file():
+            return None
+    return load_config_from_file(config_file).to_dict()
+
+
+def _count_devices() -> int:
+    from hasten.platforms.registry import current_platform  # deferred: imports torch
+
+    platform = current_platform()
+    return 0 if platform.name == "cpu" else int(platform.device_count())
+
+
+def plan_from_args(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, Any] | None]:
+    """Resolve flags, environment, config file and defaults into a plan (and the config used)."""
+    config = load_launch_config(args.config_file)
+    flags = {spec.name: getattr(args, spec.name, None) for spec in SETTINGS}
+    environ = envvars.snapshot()
+    resolved = resolve_settings(flags, config, environ)
+    slurm_job = environ.get("SLURM_JOB_ID") if slurm_topology(environ) else None
+    plan = build_plan(
+        resolved,
+        args.training_script,
+        args.training_script_args,
+        module=args.module,
+        no_python=args.no_python,
+        extra_env=dict(args.env),
+        rdzv_id=slurm_job,
+        count_devices=_count_devices,
+    )
+    return plan, config
+
+
+def launch_command(args: argparse.Namespace, *, replace_process: bool = True) -> int:
+    """Run ``hasten launch`` with parsed `args`; return the exit code of the job."""
+    plan, config = plan_from_args(args)
+    env = worker_env(plan, plugin_values=plugin_env(config or {}))
+    return run(plan, env, replace_process=replace_process)

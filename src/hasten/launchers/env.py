@@ -1,0 +1,122 @@
+"""Turn a `LaunchPlan` into the environment variables every worker starts with.
+
+The names are the ``ACCELERATE_*`` variables that `PartialState` and the plugins read (see
+`hasten.config.envvars`), so a script sees the same settings whether it was started by
+`hasten launch`, `torchrun` with those variables, or `notebook_launcher`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from hasten.config import envvars
+from hasten.launchers.plan import LaunchPlan
+
+__all__ = ["apply_worker_env", "plugin_env", "worker_env"]
+
+# distributed_type in a config file -> the flag variable that switches the engine on.
+_ENGINE_FLAGS = {
+    "DEEPSPEED": "ACCELERATE_USE_DEEPSPEED",
+    "FSDP": "ACCELERATE_USE_FSDP",
+    "MEGATRON_LM": "ACCELERATE_USE_MEGATRON_LM",
+}
+# Config keys whose variable name is not simply the key upper-cased after a prefix.
+_RENAMED = {
+    "fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP",
+    "deepspeed_config_file": "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+    "zero3_init_flag": "ACCELERATE_DEEPSPEED_ZERO3_INIT",
+    "zero3_save_16bit_model": "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+    "deepspeed_moe_layer_cls_names": "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES",
+}
+# Config section -> prefix of the variables its keys become.
+_SECTIONS = {
+    "fsdp_config": ("fsdp_", "FSDP_"),
+    "deepspeed_config": ("", "ACCELERATE_DEEPSPEED_"),
+    "megatron_lm_config": ("megatron_lm_", "MEGATRON_LM_"),
+}
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def plugin_env(config: Mapping[str, Any]) -> dict[str, str]:
+    """Return the variables that carry a config file's engine sections to the workers.
+
+    ``distributed_type: FSDP`` sets ``ACCELERATE_USE_FSDP=true`` and each ``fsdp_config`` key
+    ``fsdp_x`` becomes ``FSDP_X``; DeepSpeed keys become ``ACCELERATE_DEEPSPEED_*`` and
+    Megatron-LM keys ``MEGATRON_LM_*``. Keys without a variable in the table are left out
+    (the plugin reads them from its own config).
+    """
+    values: dict[str, str] = {}
+    flag = _ENGINE_FLAGS.get(str(config.get("distributed_type", "")).upper())
+    if flag is not None:
+        values[flag] = "true"
+    for section, (strip, prefix) in _SECTIONS.items():
+        for key, value in (config.get(section) or {}).items():
+            name = _RENAMED.get(key) or prefix + key.removeprefix(strip).upper()
+            if value is not None and name in envvars.ENV_VARS:
+                values[name] = _text(value)
+    return values
+
+
+def _default_threads(plan: LaunchPlan, environ: Mapping[str, str]) -> int | None:
+    """Threads per worker when the user chose none: share the cores, like torchrun's 1 thread."""
+    if plan.num_cpu_threads_per_process is not None:
+        return plan.num_cpu_threads_per_process
+    if environ.get("OMP_NUM_THREADS") or plan.nproc_per_node == 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // plan.nproc_per_node)
+
+
+def worker_env(
+    plan: LaunchPlan,
+    environ: Mapping[str, str] | None = None,
+    plugin_values: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Return the variables to add to the launcher's environment for every worker.
+
+    Args:
+        plan: the validated launch plan.
+        environ: the launcher's current environment (defaults to the process environment).
+        plugin_values: engine variables from the config file (`plugin_env`), set before the
+            plan's own settings so flags still win.
+    """
+    current = envvars.snapshot() if environ is None else environ
+    values: dict[str, str] = dict(plugin_values or {})
+    values.update(
+        {
+            "ACCELERATE_MIXED_PRECISION": plan.mixed_precision,
+            "ACCELERATE_USE_CPU": _text(plan.use_cpu),
+            "ACCELERATE_DEBUG_MODE": _text(plan.debug),
+            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.gradient_accumulation_steps),
+            "ACCELERATE_DYNAMO_BACKEND": plan.dynamo_backend,
+            "ACCELERATE_DYNAMO_MODE": plan.dynamo_mode,
+            "ACCELERATE_DYNAMO_USE_FULLGRAPH": _text(plan.dynamo_use_fullgraph),
+            "ACCELERATE_DYNAMO_USE_DYNAMIC": _text(plan.dynamo_use_dynamic),
+            "ACCELERATE_NUM_PROCESSES": str(plan.num_processes),
+        }
+    )
+    if plan.enable_cpu_affinity:
+        values["ACCELERATE_CPU_AFFINITY"] = "1"
+    if plan.downcast_bf16:
+        values["ACCELERATE_DOWNCAST_BF16"] = "true"
+    threads = _default_threads(plan, current)
+    if threads is not None:
+        values["OMP_NUM_THREADS"] = str(threads)
+    if plan.gpu_ids != "all":
+        values["CUDA_VISIBLE_DEVICES"] = plan.gpu_ids
+    values.update(dict(plan.extra_env))
+    return values
+
+
+def apply_worker_env(values: Mapping[str, str]) -> None:
+    """Write `values` into this process's environment, which the workers inherit."""
+    for name, value in values.items():
+        envvars.write(name, value)
