@@ -1,0 +1,91 @@
+"""TensorBoard tracker: event files under ``<logging_dir>/<run_name>`` via torch's SummaryWriter
+(or tensorboardX when only that is installed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from hasten.core.imports import is_package_available, require
+from hasten.tracking.base import GeneralTracker
+from hasten.tracking.values import SkipWarner, flatten_dict, to_hparam, to_scalar
+
+__all__ = ["TensorBoardTracker"]
+
+
+def _writer_module() -> Any:
+    if is_package_available("tensorboard"):
+        return importlib.import_module("torch.utils.tensorboard")  # optional: tensorboard
+    if is_package_available("tensorboardX"):
+        return importlib.import_module("tensorboardX")  # optional: tensorboardX
+    return require("tensorboard", feature="The TensorBoard tracker", extra="tensorboard")
+
+
+class TensorBoardTracker(GeneralTracker):
+    """Log scalars, text, images and hyperparameters to TensorBoard event files.
+
+    Args:
+        run_name: the project name; event files go to ``<logging_dir>/<run_name>``.
+        logging_dir: parent folder of the run.
+        **kwargs: passed to ``SummaryWriter`` (e.g. ``flush_secs``).
+    """
+
+    name = "tensorboard"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike[str], **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.logging_dir = os.path.join(logging_dir, run_name)
+        self.init_kwargs = kwargs
+        self.writer: Any = None
+        self._skips = SkipWarner(self.name)
+
+    def start(self) -> None:
+        """Open a SummaryWriter on ``<logging_dir>/<run_name>``."""
+        self.writer = _writer_module().SummaryWriter(self.logging_dir, **self.init_kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        """The ``SummaryWriter``."""
+        return self.writer
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Write ``values`` (flattened to ``a/b`` keys) to the HPARAMS tab of this run."""
+        flat = {key: to_hparam(value) for key, value in flatten_dict(values).items()}
+        summary = importlib.import_module(
+            type(self.writer).__module__.rsplit(".", 1)[0] + ".summary"
+        )
+        writer = self.writer._get_file_writer()
+        for proto in summary.hparams(flat, {}):
+            writer.add_summary(proto)
+        self.writer.flush()
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Write numbers as scalars, strings as text and dicts of numbers as grouped scalars."""
+        writer = self.writer
+        for key, value in values.items():
+            scalar = to_scalar(value)
+            if scalar is not None:
+                writer.add_scalar(key, scalar, global_step=step, **kwargs)
+            elif isinstance(value, str):
+                writer.add_text(key, value, global_step=step, **kwargs)
+            elif isinstance(value, dict) and all(to_scalar(v) is not None for v in value.values()):
+                scalars = {k: to_scalar(v) for k, v in value.items()}
+                writer.add_scalars(key, scalars, global_step=step, **kwargs)
+            else:
+                self._skips.skip(key, value, "numbers, strings or dicts of numbers")
+        writer.flush()
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Write image batches (``N x C x H x W`` by default; pass ``dataformats`` to change)."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        """Flush and close the event file."""
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,65 @@
+"""Trackio tracker: a local-first run (SQLite under ``TRACKIO_DIR``) per project."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hasten.core.imports import require
+from hasten.tracking.base import GeneralTracker
+from hasten.tracking.values import SkipWarner, to_scalar
+
+__all__ = ["TrackioTracker"]
+
+
+def _trackio() -> Any:
+    return require("trackio", feature="The Trackio tracker")  # optional: trackio
+
+
+class TrackioTracker(GeneralTracker):
+    """Log to a Trackio run created with ``trackio.init(project=run_name, **kwargs)``.
+
+    Args:
+        run_name: the Trackio project.
+        **kwargs: passed to ``trackio.init`` (``name=...``, ``space_id=...``, ``embed=False``).
+    """
+
+    name = "trackio"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run: Any = None
+        self._skips = SkipWarner(self.name)
+
+    def start(self) -> None:
+        """Create the Trackio run."""
+        self.run = _trackio().init(project=self.run_name, **self.init_kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        """The ``trackio`` Run."""
+        return self.run
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Store ``values`` in the run's config."""
+        self.run.config.update(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log numbers, strings and Trackio media objects at ``step``; others are skipped."""
+        clean: dict[str, Any] = {}
+        for key, value in values.items():
+            scalar = to_scalar(value)
+            if scalar is not None and not isinstance(value, bool):
+                clean[key] = scalar
+            elif isinstance(value, str | bool) or type(value).__module__.startswith("trackio"):
+                clean[key] = value
+            else:
+                self._skips.skip(key, value, "numbers, strings or trackio media objects")
+        self.run.log(clean, step=step, **kwargs)
+
+    def finish(self) -> None:
+        """Finish the run."""
+        if self.run is not None:
+            self.run.finish()

@@ -1,0 +1,88 @@
+"""Weights & Biases tracker: one W&B run per project (``mode="offline"`` works without network)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hasten.core.imports import require
+from hasten.tracking.base import GeneralTracker
+from hasten.tracking.values import to_scalar
+
+__all__ = ["WandBTracker"]
+
+
+def _wandb() -> Any:
+    return require("wandb", feature="The W&B tracker", extra="wandb")  # optional: wandb
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """One-element tensors become numbers; everything else (media, histograms) goes as is."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        scalar = to_scalar(value)
+        out[key] = value if scalar is None or isinstance(value, bool) else scalar
+    return out
+
+
+class WandBTracker(GeneralTracker):
+    """Log to a W&B run created with ``wandb.init(project=run_name, **kwargs)``.
+
+    Args:
+        run_name: the W&B project.
+        **kwargs: passed to ``wandb.init`` (``mode="offline"``, ``dir=...``, ``tags=[...]``).
+    """
+
+    name = "wandb"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run: Any = None
+
+    def start(self) -> None:
+        """Create the W&B run."""
+        self.run = _wandb().init(project=self.run_name, **self.init_kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        """The ``wandb`` Run."""
+        return self.run
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Store ``values`` in the run's config (W&B keeps nesting)."""
+        self.run.config.update(values, allow_val_change=True)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log ``values`` at ``step``; W&B takes numbers, strings and its media objects."""
+        self.run.log(_plain(values), step=step, **kwargs)
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log lists of images (arrays, tensors or PIL images) as ``wandb.Image``."""
+        wandb = _wandb()
+        images = {key: [wandb.Image(image) for image in batch] for key, batch in values.items()}
+        self.run.log(images, step=step, **kwargs)
+
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Log a ``wandb.Table`` built from ``columns`` + ``data`` or from a pandas ``dataframe``."""
+        if data is None and dataframe is None:
+            raise ValueError(
+                f"log_table({table_name!r}) got neither data nor dataframe; pass rows as "
+                "data=[[...], ...] (with columns=[...]) or a pandas dataframe."
+            )
+        table = _wandb().Table(columns=columns, data=data, dataframe=dataframe)
+        self.run.log({table_name: table}, step=step, **kwargs)
+
+    def finish(self) -> None:
+        """Finish the run (in offline mode this closes the local run folder)."""
+        if self.run is not None:
+            self.run.finish()
