@@ -1,0 +1,151 @@
+"""Cheap questions about the hardware in this process (is CUDA there? does bf16 work?).
+
+Answers are cached for the life of the process: hardware does not appear mid-run, and these
+checks sit on paths (precision selection, device placement) that are asked often. Tests that
+fake the hardware call `clear_caches()`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from hasten.core.environment import parse_flag_from_env, patch_environment
+from hasten.core.imports import is_package_available
+from hasten.core.versions import is_torch_version
+
+__all__ = [
+    "clear_caches",
+    "is_bf16_available",
+    "is_cuda_available",
+    "is_fp16_available",
+    "is_mps_available",
+    "is_npu_available",
+    "is_torch_xla_available",
+    "is_xccl_available",
+    "is_xpu_available",
+]
+
+
+@functools.cache
+def is_cuda_available() -> bool:
+    """Return whether a CUDA/ROCm GPU is visible, asking NVML so CUDA stays uninitialised.
+
+    A CUDA context cannot survive `fork`, so a launcher must be able to look without creating
+    one (https://github.com/pytorch/pytorch/pull/84879 added the NVML-based check).
+    """
+    with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
+        return bool(torch.cuda.is_available())
+
+
+@functools.cache
+def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+    """Return whether `torch_xla` is installed (and, optionally, runs on a TPU or a GPU).
+
+    Setting ``USE_TORCH_XLA=0`` hides an installed torch_xla so a plain PyTorch job can run.
+
+    Raises:
+        ValueError: both `check_is_tpu` and `check_is_gpu` are True.
+    """
+    if check_is_tpu and check_is_gpu:
+        raise ValueError(
+            "is_torch_xla_available(check_is_tpu=True, check_is_gpu=True) asks for two device "
+            "kinds at once; pass at most one of them as True."
+        )
+    if not parse_flag_from_env("USE_TORCH_XLA", True) or not is_package_available("torch_xla"):
+        return False
+    if not (check_is_tpu or check_is_gpu):
+        return True
+    runtime = importlib.import_module("torch_xla.runtime")  # optional: torch_xla
+    device_type = runtime.device_type()
+    return device_type == "TPU" if check_is_tpu else device_type in ("GPU", "CUDA")
+
+
+@functools.cache
+def is_npu_available(check_device: bool = False) -> bool:
+    """Return whether `torch_npu` imports and reports an NPU (probing the device if asked)."""
+    if not is_package_available("torch_npu"):
+        return False
+    try:
+        importlib.import_module("torch_npu")  # optional: torch_npu (registers torch.npu)
+    except Exception:  # noqa: BLE001 - a torch_npu wheel on a host without CANN fails variously
+        return False
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        return False
+    if check_device:
+        try:
+            npu.device_count()
+        except RuntimeError:
+            return False
+    return bool(npu.is_available())
+
+
+@functools.cache
+def is_xpu_available(check_device: bool = False) -> bool:
+    """Return whether stock PyTorch (>= 2.7) has XPU support and sees an XPU."""
+    if is_torch_version("<", "2.7"):
+        return False
+    xpu = getattr(torch, "xpu", None)
+    if xpu is None:
+        return False
+    if check_device:
+        try:
+            xpu.device_count()
+        except RuntimeError:
+            return False
+    return bool(xpu.is_available())
+
+
+def is_xccl_available() -> bool:
+    """Return whether torch.distributed was built with Intel's xccl backend."""
+    check = getattr(torch.distributed, "is_xccl_available", None)
+    return bool(check()) if check is not None else False
+
+
+@functools.cache
+def is_mps_available(min_version: str = "1.12") -> bool:
+    """Return whether Apple's MPS backend is built and usable with torch >= `min_version`."""
+    mps = torch.backends.mps
+    return is_torch_version(">=", min_version) and mps.is_available() and mps.is_built()
+
+
+@functools.cache
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """Return whether bfloat16 compute works on the accelerator in use (True on plain CPU).
+
+    Args:
+        ignore_tpu: report False on a TPU, where bf16 is always on and needs no autocast.
+    """
+    if is_torch_xla_available(check_is_tpu=True):
+        return not ignore_tpu
+    if is_cuda_available():
+        return bool(torch.cuda.is_bf16_supported())
+    if is_npu_available():
+        return bool(torch.npu.is_bf16_supported())  # type: ignore[attr-defined]
+    if is_xpu_available():
+        return bool(torch.xpu.is_bf16_supported())
+    if is_mps_available():
+        check = getattr(torch.backends.mps, "is_macos_or_newer", None)
+        return bool(check(14, 0)) if check is not None else False
+    return True
+
+
+def is_fp16_available() -> bool:
+    """Return whether float16 autocast can be used (every platform torch 2.4+ supports)."""
+    return True
+
+
+def clear_caches() -> None:
+    """Forget every cached answer (for tests that fake the hardware)."""
+    for check in (
+        is_cuda_available,
+        is_torch_xla_available,
+        is_npu_available,
+        is_xpu_available,
+        is_mps_available,
+        is_bf16_available,
+    ):
+        check.cache_clear()

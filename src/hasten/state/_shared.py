@@ -1,0 +1,88 @@
+"""The one shared-state mechanism of hasten, and `reset_state()` for tests.
+
+`PartialState`, `AcceleratorState` and `GradientState` keep Accelerate's contract: every
+instance sees the same attributes (the "Borg" pattern: each instance's ``__dict__`` *is* one
+dict owned by its class). That dict is the class attribute ``_shared_state``.
+
+Under PyTorch/XLA with PJRT, several threads each drive one device and need their own state
+(https://github.com/pytorch/xla/blob/r2.0/docs/pjrt.md#multithreading-on-tpu-v2v3), so there
+``_shared_state`` is one dict per thread. Everywhere else it is a plain dict.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from hasten.platforms.checks import is_torch_xla_available
+
+__all__ = ["SharedState", "register_reset_hook", "reset_state"]
+
+_REGISTRY: list[type[SharedState]] = []
+_RESET_HOOKS: list[Callable[[], None]] = []
+
+
+class _PerThreadDict(threading.local):
+    """One dict per thread; XLA only."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+
+class _ThreadLocalState:
+    """Class-attribute descriptor whose value is this thread's dict.
+
+    Assigning the class attribute would replace the descriptor, so reset with ``.clear()``.
+    """
+
+    def __init__(self) -> None:
+        self._local = _PerThreadDict()
+
+    def __get__(self, obj: object, owner: type | None = None) -> dict[str, Any]:
+        return self._local.data
+
+
+class SharedState:
+    """Base of the state classes: every instance of a subclass shares one attribute dict.
+
+    A subclass gets its own ``_shared_state`` and is registered so `reset_state()` clears it.
+    """
+
+    _shared_state: ClassVar[dict[str, Any]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if is_torch_xla_available():
+            cls._shared_state = _ThreadLocalState()  # type: ignore[assignment]
+        else:
+            cls._shared_state = {}
+        _REGISTRY.append(cls)
+
+    def _share(self) -> bool:
+        """Attach this instance to the shared dict; return whether it was already populated."""
+        shared = self._shared_state
+        self.__dict__ = shared
+        return bool(shared)
+
+    @classmethod
+    def _clear_shared(cls) -> None:
+        """Forget everything this class holds (its next instance initialises afresh)."""
+        cls._shared_state.clear()
+
+
+def register_reset_hook(hook: Callable[[], None]) -> None:
+    """Run `hook` on every `reset_state()` (for process-wide caches tied to the state)."""
+    if hook not in _RESET_HOOKS:
+        _RESET_HOOKS.append(hook)
+
+
+def reset_state() -> None:
+    """Forget PartialState, AcceleratorState and GradientState (and run the reset hooks).
+
+    The process group, if any, stays as it is; destroy it first when a test needs that.
+    """
+    for cls in reversed(_REGISTRY):
+        cls._clear_shared()
+    for hook in _RESET_HOOKS:
+        hook()

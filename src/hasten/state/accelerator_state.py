@@ -1,0 +1,417 @@
+"""`AcceleratorState`: `PartialState` plus what the `Accelerator` was asked for.
+
+Holds the mixed precision and the engine plugins (DeepSpeed, FSDP, Megatron-LM, dynamo, tensor
+parallelism, ParallelismConfig) and the engine label they imply. Like `PartialState`, every
+instance shares one set of attributes; it is created by `Accelerator()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import torch
+
+from hasten.config import envvars
+from hasten.config.enums import DistributedType, DynamoBackend, PrecisionType
+from hasten.core.imports import is_package_available
+from hasten.state._shared import SharedState
+from hasten.state.detect import engine_of, resolve_distributed_type
+from hasten.state.partial import PartialState
+
+__all__ = ["AcceleratorState"]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_FP8_PACKAGES = ("transformer_engine", "msamp", "torchao")
+
+# Copied from PartialState at set-up: fixed for the life of the state, read as plain attributes.
+_COPIED = (
+    "backend",
+    "debug",
+    "device",
+    "fork_launched",
+    "local_process_index",
+    "num_processes",
+    "platform",
+    "process_group_timeout",
+    "process_index",
+)
+_KNOWN_ATTRS = frozenset(
+    _COPIED
+    + (
+        "_mixed_precision",
+        "_partial",
+        "deepspeed_plugins",
+        "dynamo_plugin",
+        "fsdp_plugin",
+        "megatron_lm_plugin",
+        "parallelism_config",
+        "torch_tp_plugin",
+    )
+)
+
+
+def _validate_mixed_precision(mixed_precision: str | None) -> str:
+    value = (
+        envvars.setting("ACCELERATE_MIXED_PRECISION")
+        if mixed_precision is None
+        else mixed_precision
+    )
+    value = str(value).lower()
+    if value not in PrecisionType.list():
+        raise ValueError(
+            f"mixed_precision={value!r} is not supported; choose one of {PrecisionType.list()} "
+            "(e.g. Accelerator(mixed_precision='bf16') or ACCELERATE_MIXED_PRECISION=bf16)."
+        )
+    return value
+
+
+def _check_fp8(device: torch.device) -> str:
+    if not any(is_package_available(name) for name in _FP8_PACKAGES):
+        raise ImportError(
+            "mixed_precision='fp8' needs an fp8 library, and none of transformer_engine, msamp "
+            "or torchao is installed. Fix: pip install torchao (or transformer-engine / ms-amp)."
+        )
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        logger.warning(
+            "This GPU (compute capability %s) cannot train in fp8 (needs 8.9+, Ada/Hopper); "
+            "using fp16 instead.",
+            torch.cuda.get_device_capability(device),
+        )
+        return "fp16"
+    return "fp8"
+
+
+def _call_if_present(plugin: Any, method: str, *args: Any, **kwargs: Any) -> None:
+    function = getattr(plugin, method, None)
+    if function is not None:
+        function(*args, **kwargs)
+
+
+class AcceleratorState(SharedState):
+    """Process state plus mixed precision and engine plugins; shared by every instance.
+
+    Args:
+        mixed_precision: "no", "fp16", "bf16" or "fp8"; default from ACCELERATE_MIXED_PRECISION.
+        cpu: run on the CPU even when an accelerator is present.
+        dynamo_plugin: a `TorchDynamoPlugin`.
+        deepspeed_plugin: a `DeepSpeedPlugin`, or a dict of named ones (the first is active).
+        fsdp_plugin: a `FullyShardedDataParallelPlugin`.
+        torch_tp_plugin: a tensor-parallel plugin.
+        megatron_lm_plugin: a `MegatronLMPlugin`.
+        parallelism_config: a `ParallelismConfig`.
+        _from_accelerator: set by `Accelerator`; the state is not meant to be set up alone.
+        kwargs: passed on to `PartialState` (and so to ``init_process_group``).
+
+    Raises:
+        ValueError: unknown `mixed_precision`, or a different one than the state already has.
+        RuntimeError: first created outside an `Accelerator`.
+    """
+
+    device: torch.device
+    backend: str | None
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    debug: bool
+    fork_launched: bool
+    _partial: PartialState
+    _mixed_precision: str
+    _engine: str | None
+    _cpu: bool
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.__dict__ = shared = self._shared_state
+        cpu = cpu or bool(envvars.setting("ACCELERATE_USE_CPU"))
+        if shared:
+            self._check_initialized(mixed_precision, cpu)
+            return
+        if not _from_accelerator:
+            raise RuntimeError(
+                "AcceleratorState is set up by Accelerator: create `accelerator = Accelerator()` "
+                "before using AcceleratorState()."
+            )
+        plugins = {
+            "dynamo_plugin": dynamo_plugin,
+            "deepspeed_plugin": deepspeed_plugin,
+            "fsdp_plugin": fsdp_plugin,
+            "torch_tp_plugin": torch_tp_plugin,
+            "megatron_lm_plugin": megatron_lm_plugin,
+            "parallelism_config": parallelism_config,
+        }
+        try:
+            self._setup(_validate_mixed_precision(mixed_precision), cpu, plugins, kwargs)
+        except BaseException:
+            shared.clear()
+            raise
+
+    def _setup(
+        self, mixed_precision: str, cpu: bool, plugins: dict[str, Any], kwargs: dict[str, Any]
+    ) -> None:
+        partial = PartialState(cpu, **kwargs)
+        for name in _COPIED:
+            setattr(self, name, getattr(partial, name))
+        self._partial = partial
+        self._cpu = cpu
+        if mixed_precision == "fp8":
+            mixed_precision = _check_fp8(partial.device)
+        self.dynamo_plugin = plugins["dynamo_plugin"]
+        self.torch_tp_plugin = plugins["torch_tp_plugin"]
+        self.parallelism_config = plugins["parallelism_config"]
+        self.fsdp_plugin = None
+        self.megatron_lm_plugin = None
+        self.deepspeed_plugins = None
+        self.device_mesh = None
+        self._check_context_parallel(plugins)
+        self._mixed_precision = mixed_precision
+        distributed_type = resolve_distributed_type(
+            partial.distributed_type,
+            cpu=cpu,
+            use_deepspeed=bool(envvars.setting("ACCELERATE_USE_DEEPSPEED")),
+            use_fsdp=bool(envvars.setting("ACCELERATE_USE_FSDP"))
+            or plugins["fsdp_plugin"] is not None
+            or self._context_parallel,
+            use_megatron_lm=bool(envvars.setting("ACCELERATE_USE_MEGATRON_LM")),
+        )
+        self._engine = engine_of(distributed_type)
+        self._attach_engine_plugins(plugins, mixed_precision)
+        partial.distributed_type = distributed_type
+        self._enable_tf32_for_dynamo()
+
+    @property
+    def _context_parallel(self) -> bool:
+        return bool(getattr(self.parallelism_config, "cp_enabled", False))
+
+    def _check_context_parallel(self, plugins: dict[str, Any]) -> None:
+        if not self._context_parallel or envvars.setting("ACCELERATE_ALLOW_CP_STANDALONE"):
+            return
+        fsdp_plugin = plugins["fsdp_plugin"]
+        if fsdp_plugin is None:
+            raise ValueError(
+                "parallelism_config has cp_size > 1 but no fsdp_plugin was given; context "
+                "parallelism shards the model with FSDP2. Pass "
+                "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)."
+            )
+        if getattr(fsdp_plugin, "fsdp_version", 2) == 1:
+            raise ValueError(
+                "parallelism_config has cp_size > 1 but fsdp_plugin uses fsdp_version=1; "
+                "context parallelism needs FSDP2. Set fsdp_version=2."
+            )
+
+    def _attach_engine_plugins(self, plugins: dict[str, Any], mixed_precision: str) -> None:
+        if self._engine == "deepspeed":
+            deepspeed_plugin = plugins["deepspeed_plugin"]
+            if deepspeed_plugin is None:
+                raise ValueError(
+                    "ACCELERATE_USE_DEEPSPEED is set but no deepspeed_plugin was given. Pass "
+                    "Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) or unset the variable."
+                )
+            active = deepspeed_plugin
+            if isinstance(deepspeed_plugin, dict):
+                for plugin in deepspeed_plugin.values():
+                    _call_if_present(plugin, "set_mixed_precision", mixed_precision)
+                active = next(iter(deepspeed_plugin.values()))
+            else:
+                _call_if_present(deepspeed_plugin, "set_mixed_precision", mixed_precision)
+            _call_if_present(active, "select", _from_accelerator_state=True)
+            self.deepspeed_plugins = deepspeed_plugin
+            if mixed_precision != "fp8":
+                # DeepSpeed owns precision through its config; see `mixed_precision`.
+                self._mixed_precision = "no"
+        elif self._engine in ("fsdp", "megatron_lm"):
+            fsdp_plugin = plugins["fsdp_plugin"]
+            if fsdp_plugin is not None and mixed_precision != "no":
+                _call_if_present(fsdp_plugin, "set_mixed_precision", mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            if self._engine == "megatron_lm":
+                megatron_lm_plugin = plugins["megatron_lm_plugin"]
+                _call_if_present(megatron_lm_plugin, "set_mixed_precision", mixed_precision)
+                self.megatron_lm_plugin = megatron_lm_plugin
+
+    def _enable_tf32_for_dynamo(self) -> None:
+        backend = getattr(self.dynamo_plugin, "backend", DynamoBackend.NO)
+        compiling = backend is not None and backend != DynamoBackend.NO
+        if compiling and self._mixed_precision == "no" and self.device.type == "cuda":
+            # Compiled full-precision matmuls on Ampere+ gain a lot from TF32 (as Accelerate).
+            torch.backends.cuda.matmul.allow_tf32 = True
+
+    def _check_initialized(self, mixed_precision: str | None, cpu: bool) -> None:
+        template = (
+            "AcceleratorState is already set up and cannot change {what}; restart the process "
+            "(or call reset_state() in tests) and pass {flag} to the first Accelerator()."
+        )
+        if cpu and self.device.type != "cpu":
+            raise ValueError(template.format(what="to the CPU", flag="cpu=True"))
+        if (
+            mixed_precision is not None
+            and mixed_precision.lower() != self._mixed_precision
+            and self._engine != "deepspeed"
+        ):
+            raise ValueError(
+                template.format(
+                    what=f"mixed_precision from {self._mixed_precision!r} to {mixed_precision!r}",
+                    flag=f"mixed_precision={mixed_precision!r}",
+                )
+            )
+
+    @property
+    def initialized(self) -> bool:
+        """Whether an Accelerator has set up this state."""
+        return bool(self._shared_state)
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """The kind of run, including the engine (DEEPSPEED, FSDP, MEGATRON_LM)."""
+        return self._partial.distributed_type
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType) -> None:
+        self._partial.distributed_type = value
+        self._engine = engine_of(value)
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed precision in use; under DeepSpeed, what its config enables."""
+        if self._engine == "deepspeed" and self._mixed_precision != "fp8":
+            config = getattr(self.deepspeed_plugin, "deepspeed_config", None) or {}
+            if config.get("fp16", {}).get("enabled", False):
+                return "fp16"
+            if config.get("bf16", {}).get("enabled", False):
+                return "bf16"
+            return "no"
+        return self._mixed_precision
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active DeepSpeedPlugin, or None when DeepSpeed is not in use."""
+        plugins = self.deepspeed_plugins
+        if self._engine != "deepspeed" or plugins is None:
+            return None
+        if not isinstance(plugins, dict):
+            return plugins
+        for plugin in plugins.values():
+            if getattr(plugin, "selected", False):
+                return plugin
+        return next(iter(plugins.values()))
+
+    def _require_deepspeed(self, what: str) -> dict[str, Any]:
+        if self._engine != "deepspeed" or not isinstance(self.deepspeed_plugins, dict):
+            raise RuntimeError(
+                f"AcceleratorState.{what} needs DeepSpeed with several named plugins; pass "
+                "Accelerator(deepspeed_plugins={'name': DeepSpeedPlugin(...), ...})."
+            )
+        return self.deepspeed_plugins
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """Return the DeepSpeedPlugin registered under `name`."""
+        return self._require_deepspeed("get_deepspeed_plugin")[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make plugin `name` the active DeepSpeed configuration.
+
+        Raises:
+            KeyError: no plugin is registered under `name`.
+        """
+        plugins = self._require_deepspeed("select_deepspeed_plugin")
+        if name not in plugins:
+            raise KeyError(
+                f"No DeepSpeed plugin named {name!r}; registered names: {sorted(plugins)}."
+            )
+        for key, plugin in plugins.items():
+            if key != name:
+                _call_if_present(plugin, "_unselect")
+        _call_if_present(plugins[str(name)], "select", _from_accelerator_state=True)
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether FSDP version 2 shards the model."""
+        return self._engine == "fsdp" and getattr(self.fsdp_plugin, "fsdp_version", 1) == 2
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether several processes cooperate in this run."""
+        return self._partial.use_distributed
+
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the process with the highest index."""
+        return self._partial.is_last_process
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the main process."""
+        return self._partial.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is the main process of its machine."""
+        return self._partial.is_local_main_process
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        self._partial.wait_for_everyone()
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's share of `inputs` (see `PartialState.split_between_processes`)."""
+        with self._partial.split_between_processes(inputs, apply_padding=apply_padding) as share:
+            yield share
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others."""
+        with self._partial.main_process_first():
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each machine's main process first, then on the others."""
+        with self._partial.local_main_process_first():
+            yield
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` once per machine."""
+        self._partial.print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy `group` (default: the default group) unless forked workers share it."""
+        self._partial.destroy_process_group(group)
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the shared state (and PartialState's too if asked); Accelerate's name."""
+        AcceleratorState._clear_shared()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    def __repr__(self) -> str:
+        text = f"{self._partial!r}\nMixed precision type: {self.mixed_precision}\n"
+        if self._engine == "deepspeed":
+            text += f"ds_config: {getattr(self.deepspeed_plugin, 'deepspeed_config', None)}\n"
+        return text
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _KNOWN_ATTRS or name in ("_engine", "_cpu"):
+            raise AttributeError(
+                f"AcceleratorState has no attribute {name!r} because the state was reset "
+                "(reset_state() / AcceleratorState._reset_state()) and not set up again. "
+                "Create Accelerator() before using it."
+            )
+        raise AttributeError(f"'AcceleratorState' object has no attribute {name!r}")

@@ -1,0 +1,114 @@
+"""Where ranks come from: the variables each kind of launcher sets, read from a mapping.
+
+torchrun / torch elastic (and `hasten launch`, built on it) set RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MPI launchers set their own names (MPICH and
+Intel MPI: PMI_*; Open MPI: OMPI_COMM_WORLD_*; MVAPICH2: MV2_COMM_WORLD_*). Every function
+here is pure: it reads the mapping it is given, never the process environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from hasten.config import envvars
+
+__all__ = ["MPI_FAMILIES", "RankInfo", "find_ranks", "ranks_from_mpi", "ranks_from_torchrun"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job, as a launcher described it."""
+
+    source: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"{self.source} set rank={self.rank} and world size={self.world_size}; a rank must "
+                "lie in [0, world size). Check the launcher's rank variables."
+            )
+        if self.local_rank < 0:
+            raise ValueError(
+                f"{self.source} set local rank={self.local_rank}; it must be >= 0. "
+                "Check the launcher's local-rank variable."
+            )
+
+
+# (rank, size, local rank, local size) variable names per MPI implementation.
+MPI_FAMILIES: tuple[tuple[str, str, str, str], ...] = (
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    (
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_SIZE",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_SIZE",
+    ),
+)
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    value = envvars.setting(name, env)
+    return None if value is None else int(value)
+
+
+def ranks_from_torchrun(env: Mapping[str, str]) -> RankInfo | None:
+    """Return the ranks torchrun set, or None when LOCAL_RANK and RANK are both absent."""
+    local_rank = _int(env, "LOCAL_RANK")
+    rank = _int(env, "RANK")
+    if local_rank is None and rank is None:
+        return None
+    world_size = _int(env, "WORLD_SIZE") or 1
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE")
+    if rank is None:
+        rank = local_rank or 0
+    if local_rank is None:
+        # No LOCAL_RANK: a single-machine job started by hand with RANK/WORLD_SIZE only.
+        local_rank = rank
+    return RankInfo(
+        source="torchrun",
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size or world_size,
+        master_addr=envvars.setting("MASTER_ADDR", env),
+        master_port=_int(env, "MASTER_PORT"),
+    )
+
+
+def ranks_from_mpi(env: Mapping[str, str]) -> RankInfo | None:
+    """Return the ranks an MPI launcher set (first family found), or None for a single process."""
+    for rank_var, size_var, local_rank_var, local_size_var in MPI_FAMILIES:
+        size = _int(env, size_var)
+        if size is None or size <= 1:
+            continue
+        rank = _int(env, rank_var) or 0
+        local_size = _int(env, local_size_var) or size
+        local_rank = _int(env, local_rank_var)
+        return RankInfo(
+            source="mpi",
+            rank=rank,
+            world_size=size,
+            local_rank=rank % local_size if local_rank is None else local_rank,
+            local_world_size=local_size,
+            master_addr=envvars.setting("MASTER_ADDR", env),
+            master_port=_int(env, "MASTER_PORT"),
+        )
+    return None
+
+
+def find_ranks(env: Mapping[str, str]) -> RankInfo | None:
+    """Return the ranks of this process from torchrun's variables, else MPI's, else None."""
+    return ranks_from_torchrun(env) or ranks_from_mpi(env)

@@ -1,0 +1,391 @@
+"""`PartialState`: who this process is in the job, set up once, readable from anywhere.
+
+The first `PartialState()` detects the run (`hasten.state.detect.detect_run`), creates the
+process group and picks the device; every later `PartialState()` costs well under a
+microsecond and every property is a plain attribute read, so hot paths may create it freely.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from hasten.config import envvars
+from hasten.config.enums import DistributedType
+from hasten.platforms.base import Platform
+from hasten.platforms.numa import set_numa_affinity
+from hasten.platforms.registry import current_platform
+from hasten.state import recorder
+from hasten.state._shared import SharedState, register_reset_hook
+from hasten.state.detect import RunSpec, detect_run, main_is_last_process, runs_distributed
+from hasten.state.split import split_inputs
+
+__all__ = ["DEFAULT_PROCESS_GROUP_TIMEOUT", "PartialState"]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+
+register_reset_hook(recorder.reset)
+
+# Attributes that exist once the state is initialised; reading one after a reset gets a
+# message that says why instead of a bare AttributeError.
+_KNOWN_ATTRS = frozenset(
+    {
+        "_cpu",
+        "_mixed_precision",
+        "backend",
+        "debug",
+        "device",
+        "distributed_type",
+        "fork_launched",
+        "local_process_index",
+        "num_processes",
+        "process_index",
+        "process_group_timeout",
+        "platform",
+        "_spec",
+        "_distributed_type",
+        "_use_distributed",
+        "_main_is_last",
+        "_barrier",
+    }
+)
+
+
+def _do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Stand-in for a function that must not run on this process."""
+    return
+
+
+def _skip(function: F) -> F:
+    """Return a no-op with `function`'s name and docstring."""
+    return functools.wraps(function)(_do_nothing)  # type: ignore[return-value]
+
+
+def _set_cpu_threads(local_num_processes: int) -> None:
+    # Without OMP_NUM_THREADS every process would start one thread per core and they would
+    # oversubscribe the host; split the physical cores between the local processes instead.
+    if envvars.setting("OMP_NUM_THREADS") is not None:
+        return
+    import psutil
+
+    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    threads = max(1, cores // max(local_num_processes, 1))
+    torch.set_num_threads(threads)
+    logger.info(
+        "OMP_NUM_THREADS is unset: using %d CPU threads per process "
+        "(%d cores / %d local processes); set OMP_NUM_THREADS to choose.",
+        threads,
+        cores,
+        local_num_processes,
+    )
+
+
+def _init_process_group(spec: RunSpec, backend: str, kwargs: dict[str, Any]) -> None:
+    if spec.use_deepspeed:
+        from hasten.core.imports import require
+
+        deepspeed = require("deepspeed", feature="ACCELERATE_USE_DEEPSPEED", extra="deepspeed")
+        comm = deepspeed.comm  # optional: deepspeed
+        if not comm.is_initialized():
+            comm.init_distributed(dist_backend=backend, auto_mpi_discovery=False, **kwargs)
+        return
+    kwargs.setdefault("rank", spec.process_index)
+    kwargs.setdefault("world_size", spec.num_processes)
+    dist.init_process_group(backend=backend, **kwargs)
+
+
+def _barrier_for(spec: RunSpec, device: torch.device) -> Callable[[], None] | None:
+    """Choose the barrier once: none for one process, device-bound for nccl."""
+    if spec.num_processes <= 1 or spec.backend is None:
+        return None
+    if device.type == "cuda" and spec.backend.startswith("nccl"):
+        device_ids = [device.index or 0]
+        return lambda: dist.barrier(device_ids=device_ids)
+    return dist.barrier
+
+
+class PartialState(SharedState):
+    """Where this process stands: device, ranks, distributed type, and process-control helpers.
+
+    Every instance shares the same attributes; the first one sets everything up.
+
+    Args:
+        cpu: run on the CPU even when an accelerator is present.
+        kwargs: passed to `torch.distributed.init_process_group` (see
+            `InitProcessGroupKwargs.to_kwargs()`); ``timeout`` defaults to 10 minutes.
+
+    Example:
+        >>> state = PartialState()
+        >>> state.num_processes, state.is_main_process
+        (1, True)
+    """
+
+    device: torch.device
+    backend: str | None
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    debug: bool
+    fork_launched: bool
+    process_group_timeout: datetime.timedelta
+    platform: Platform
+    _cpu: bool
+    _mixed_precision: str
+    _spec: RunSpec
+    _barrier: Callable[[], None] | None
+    _distributed_type: DistributedType
+    _use_distributed: bool
+    _main_is_last: bool
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        self.__dict__ = shared = self._shared_state
+        if shared:
+            return
+        try:
+            self._setup(cpu, kwargs)
+        except BaseException:
+            shared.clear()
+            raise
+
+    def _setup(self, cpu: bool, kwargs: dict[str, Any]) -> None:
+        cpu = cpu or bool(envvars.setting("ACCELERATE_USE_CPU"))
+        kwargs.pop("_use_sagemaker_dp", None)
+        requested_backend = kwargs.pop("backend", None)
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = DEFAULT_PROCESS_GROUP_TIMEOUT
+        platform = current_platform(cpu)
+        spec = detect_run(
+            envvars.snapshot(),
+            platform,
+            cpu,
+            backend=requested_backend,
+            mpi_available=dist.is_available() and dist.is_mpi_available(),
+        )
+        if spec.backend is not None:
+            for name, value in spec.env_updates.items():
+                envvars.write(name, value)
+            if spec.device_type == "cpu":
+                _set_cpu_threads(spec.local_num_processes)
+            if not dist.is_initialized():
+                _init_process_group(spec, spec.backend, dict(kwargs))
+        self._cpu = cpu
+        self.platform = platform
+        self.debug = bool(envvars.setting("ACCELERATE_DEBUG_MODE"))
+        self.fork_launched = bool(envvars.setting("FORK_LAUNCHED"))
+        self._mixed_precision = str(envvars.setting("ACCELERATE_MIXED_PRECISION"))
+        self.process_group_timeout = kwargs["timeout"]
+        self.backend = spec.backend
+        self._apply_ranks(spec)
+        self.distributed_type = spec.distributed_type
+        self._spec = spec
+        self.set_device()
+        self._barrier = _barrier_for(spec, self.device)
+        if envvars.setting("ACCELERATE_CPU_AFFINITY"):
+            set_numa_affinity(self.local_process_index)
+
+    def _apply_ranks(self, spec: RunSpec) -> None:
+        if spec.needs_process_group and dist.is_initialized() and not spec.use_deepspeed:
+            # A group created before us (by the user or another library) is the truth.
+            self.num_processes = dist.get_world_size()
+            self.process_index = dist.get_rank()
+        else:
+            self.num_processes = spec.num_processes
+            self.process_index = spec.process_index
+        self.local_process_index = spec.local_process_index
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """The kind of run (NO, MULTI_CPU, MULTI_GPU, ..., DEEPSPEED, FSDP)."""
+        return self._distributed_type
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType) -> None:
+        self._distributed_type = value
+        self._main_is_last = main_is_last_process(value)
+        self._use_distributed = runs_distributed(value) and self.num_processes > 1
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the shared state has been set up."""
+        return bool(self._shared_state)
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether several processes cooperate in this run."""
+        return self._use_distributed
+
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the process with the highest index."""
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the main process (index 0; the last one under Megatron-LM)."""
+        if self._main_is_last:
+            return self.is_last_process
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is the main process of its machine."""
+        if self._main_is_last:
+            return self.is_last_process
+        return self.local_process_index == 0
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed precision the launcher asked for (``ACCELERATE_MIXED_PRECISION``)."""
+        return self._mixed_precision
+
+    @property
+    def default_device(self) -> torch.device:
+        """The device a single process uses: the platform's default, or the CPU if forced."""
+        return torch.device("cpu") if self._cpu else self.platform.device()
+
+    def set_device(self) -> None:
+        """Pick this process's device (once) and make it current on its platform."""
+        if "device" in self.__dict__:
+            return
+        spec = self._spec
+        override = envvars.setting("ACCELERATE_TORCH_DEVICE")
+        if override:
+            self.device = torch.device(override)
+        elif spec.backend is None:
+            self.device = self.default_device
+        elif spec.device_type == "cpu":
+            self.device = torch.device("cpu")
+        else:
+            self.device = self.platform.device(self.local_process_index)
+            self.platform.set_device(self.device)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point (no-op for a single process).
+
+        A barrier that outlives the process-group timeout raises an error that names what every
+        rank was doing.
+        """
+        barrier = self._barrier
+        if barrier is not None:
+            recorder.guarded("wait_for_everyone", barrier)
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's share of `inputs` (list, tuple, dict of those, tensor).
+
+        Shares differ by at most one element, earlier processes taking the extra ones. With
+        `apply_padding`, shorter shares are padded with the input's last element so every
+        process gets the same length (drop the padding after gathering).
+
+        Example:
+            >>> with PartialState().split_between_processes(["a", "b", "c"]) as mine:
+            ...     mine  # on 2 processes: ["a", "b"] on process 0, ["c"] on process 1
+            ['a', 'b', 'c']
+        """
+        if self.num_processes == 1:
+            yield inputs
+            return
+        yield split_inputs(inputs, self.process_index, self.num_processes, apply_padding)
+
+    def _goes_first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others together."""
+        yield from self._goes_first(self.is_main_process)
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each machine's main process first, then on the others."""
+        yield from self._goes_first(self.is_local_main_process)
+
+    def _keep_if(self, keep: bool, function: F) -> F:
+        if keep or not self._use_distributed:
+            return function
+        return _skip(function)
+
+    def on_main_process(self, function: F) -> F:
+        """Decorate `function` to run only on the main process."""
+        if not self.initialized:
+            raise RuntimeError(
+                "PartialState.on_main_process was used before the state was set up; create "
+                "PartialState() or Accelerator() first."
+            )
+        return self._keep_if(self.is_main_process, function)
+
+    def on_local_main_process(self, function: F) -> F:
+        """Decorate `function` to run only on the main process of each machine."""
+        return self._keep_if(self.is_local_main_process, function)
+
+    def on_last_process(self, function: F) -> F:
+        """Decorate `function` to run only on the last process."""
+        return self._keep_if(self.is_last_process, function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        """Decorate `function` to run only on process `process_index`.
+
+        Usable as ``@state.on_process(process_index=1)``.
+        """
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._keep_if(self.process_index == process_index, function)
+
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """Decorate `function` to run only on local process `local_process_index` of each machine."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return self._keep_if(self.local_process_index == local_process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` once per machine (on the local main process)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy `group` (default: the default group) unless forked workers share it."""
+        if self.fork_launched and group is None:
+            return
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group(group)
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the shared state (Accelerate's name; tests use `reset_state()`)."""
+        PartialState._clear_shared()
+
+    def __repr__(self) -> str:
+        backend = f"  Backend: {self.backend}" if self.backend else ""
+        return (
+            f"Distributed environment: {self.distributed_type}{backend}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _KNOWN_ATTRS:
+            raise AttributeError(
+                f"PartialState has no attribute {name!r} because the state was reset "
+                "(reset_state() / PartialState._reset_state()) and not set up again. "
+                "Create PartialState() or Accelerator() before using it."
+            )
+        raise AttributeError(f"'PartialState' object has no attribute {name!r}")
