@@ -1,0 +1,210 @@
+"""Communicators: the one object that moves flat buffers between processes.
+
+The collectives in `hasten.ops.collectives` never ask "which backend am I on?" per call; they ask
+`current_comm()` for the communicator chosen when the process group appeared (`LocalComm` for a
+single process, `TorchComm` over torch.distributed) and call its methods. Every `TorchComm` call
+goes through `hasten.state.recorder.guarded`, so a timeout names what each rank was doing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from hasten.state._shared import register_reset_hook
+from hasten.state.recorder import guarded
+
+__all__ = [
+    "Communicator",
+    "LocalComm",
+    "TorchComm",
+    "current_comm",
+    "reset_comm",
+    "set_comm",
+]
+
+_REDUCE_OPS: dict[str, Any] = {}
+_GroupMember: Any = None
+_gather_into_tensor: Any = None
+if dist.is_available():
+    from torch.distributed.distributed_c10d import GroupMember
+
+    _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    _GroupMember = GroupMember
+    # torch >= 2.10 renames all_gather_into_tensor (and warns on the old name)
+    _gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class Communicator(Protocol):
+    """Moves flat, contiguous tensors (and picklable objects) between the processes of a job."""
+
+    num_processes: int
+    process_index: int
+    debug: bool
+    device: torch.device
+
+    def all_gather(self, flat: torch.Tensor, op: str, data: Any = None) -> torch.Tensor:
+        """Return every process's ``flat`` concatenated in process order (one new 1-D buffer)."""
+
+    def all_reduce(self, flat: torch.Tensor, reduce_op: str, op: str, data: Any = None) -> None:
+        """Reduce ``flat`` in place across processes with ``reduce_op`` (sum/max/min)."""
+
+    def broadcast(self, flat: torch.Tensor, src: int, op: str, data: Any = None) -> None:
+        """Overwrite ``flat`` in place with process ``src``'s copy."""
+
+    def all_gather_object(self, obj: Any, op: str) -> list[Any]:
+        """Return the list of every process's ``obj``, in process order."""
+
+    def broadcast_object_list(self, objects: list[Any], src: int, op: str) -> None:
+        """Overwrite ``objects`` in place with process ``src``'s items."""
+
+
+class LocalComm:
+    """The communicator of a single process: every collective is the identity."""
+
+    num_processes = 1
+    process_index = 0
+    debug = False
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+
+    def all_gather(self, flat: torch.Tensor, op: str, data: Any = None) -> torch.Tensor:
+        """Return ``flat`` itself (one process: nothing to gather)."""
+        return flat
+
+    def all_reduce(self, flat: torch.Tensor, reduce_op: str, op: str, data: Any = None) -> None:
+        """Do nothing: the reduction over one process is its own value."""
+
+    def broadcast(self, flat: torch.Tensor, src: int, op: str, data: Any = None) -> None:
+        """Do nothing: the only process already holds the data."""
+
+    def all_gather_object(self, obj: Any, op: str) -> list[Any]:
+        """Return ``[obj]``."""
+        return [obj]
+
+    def broadcast_object_list(self, objects: list[Any], src: int, op: str) -> None:
+        """Do nothing: the only process already holds the objects."""
+
+    def __repr__(self) -> str:
+        return "LocalComm()"
+
+
+class TorchComm:
+    """torch.distributed over the default process group (gloo, nccl, xccl, hccl, ...)."""
+
+    def __init__(
+        self,
+        num_processes: int,
+        process_index: int,
+        backend: str,
+        device: torch.device,
+        debug: bool = False,
+    ) -> None:
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.backend = backend
+        self.device = device
+        self.debug = debug
+        # Gather straight into one buffer; older gloo builds lack it and we fall back once.
+        self._gather_into = True
+
+    def all_gather(self, flat: torch.Tensor, op: str, data: Any = None) -> torch.Tensor:
+        """Gather ``flat`` from every process into one rank-major buffer."""
+        out = flat.new_empty(self.num_processes * flat.numel())
+        if self._gather_into:
+            try:
+                guarded(op, lambda: _gather_into_tensor(out, flat), shapes=data)
+                return out
+            except RuntimeError as err:
+                # raised locally before any traffic, identically on every rank
+                if "no support" not in str(err):
+                    raise
+                self._gather_into = False
+        rows = list(out.view(self.num_processes, -1).unbind(0))
+        guarded(op, lambda: dist.all_gather(rows, flat), shapes=data)
+        return out
+
+    def all_reduce(self, flat: torch.Tensor, reduce_op: str, op: str, data: Any = None) -> None:
+        """Reduce ``flat`` in place."""
+        red = _REDUCE_OPS[reduce_op]
+        guarded(op, lambda: dist.all_reduce(flat, red), shapes=data)
+
+    def broadcast(self, flat: torch.Tensor, src: int, op: str, data: Any = None) -> None:
+        """Broadcast ``flat`` in place from ``src``."""
+        guarded(op, lambda: dist.broadcast(flat, src=src), shapes=data)
+
+    def all_gather_object(self, obj: Any, op: str) -> list[Any]:
+        """Gather one picklable object per process."""
+        out: list[Any] = [None] * self.num_processes
+        guarded(op, lambda: dist.all_gather_object(out, obj), shapes="object")
+        return out
+
+    def broadcast_object_list(self, objects: list[Any], src: int, op: str) -> None:
+        """Broadcast a list of picklable objects in place from ``src``."""
+        guarded(
+            op,
+            lambda: dist.broadcast_object_list(objects, src=src),
+            shapes=f"list of {len(objects)} objects",
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"TorchComm(num_processes={self.num_processes}, process_index={self.process_index}, "
+            f"backend={self.backend!r}, debug={self.debug})"
+        )
+
+
+# (default process group it was chosen for, the communicator); re-chosen only when the group changes
+_chosen: tuple[Any, Communicator] | None = None
+
+
+def _world() -> Any:
+    return None if _GroupMember is None else _GroupMember.WORLD
+
+
+def _choose() -> Communicator:
+    """Pick the communicator from the process state (initialising it from the environment)."""
+    from hasten.state import PartialState
+
+    state = PartialState()
+    group = _world()
+    if group is None:
+        return LocalComm(torch.device(state.device))
+    # object collectives and rng states travel on the device the backend works on
+    backend = str(dist.get_backend())
+    device = torch.device("cpu") if backend == "gloo" else torch.device(state.device)
+    return TorchComm(
+        num_processes=dist.get_world_size(),
+        process_index=dist.get_rank(),
+        backend=backend,
+        device=device,
+        debug=bool(getattr(state, "debug", False)),
+    )
+
+
+def current_comm() -> Communicator:
+    """Return this process's communicator, choosing it once per default process group."""
+    chosen = _chosen
+    if chosen is not None and chosen[0] is _world():
+        return chosen[1]
+    return set_comm(_choose())
+
+
+def set_comm(comm: Communicator) -> Communicator:
+    """Use ``comm`` for collectives until the default process group changes; return it."""
+    global _chosen
+    _chosen = (_world(), comm)
+    return comm
+
+
+def reset_comm() -> None:
+    """Forget the chosen communicator (the next collective chooses again)."""
+    global _chosen
+    _chosen = None
+
+
+# reset_state() (tests, fresh launches) also forgets the communicator chosen for the old state
+register_reset_hook(reset_comm)

@@ -1,0 +1,204 @@
+"""No silent hangs: remember what each collective is, and explain a timeout on every rank.
+
+`guarded` wraps every collective hasten issues. On the hot path it only bumps a per-process
+sequence number and keeps a pointer to the caller's frame (a few hundred nanoseconds). When the
+collective raises a timeout, each rank publishes what it was doing (operation, shapes, call site,
+sequence number) through the default process group's store, waits briefly for the other ranks'
+records, and raises a `CollectiveTimeoutError` whose message is a table of every rank's story.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = [
+    "CollectiveTimeoutError",
+    "FlightRecord",
+    "describe",
+    "guarded",
+    "is_timeout_error",
+    "reset",
+    "sequence_number",
+]
+
+T = TypeVar("T")
+
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_KEY = "hasten/flight/{rank}"
+_TIMEOUT_WORDS = ("timed out", "timeout", "time out")
+_seq = 0
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective timed out; the message tells what every rank was doing at that moment."""
+
+
+@dataclass(frozen=True)
+class FlightRecord:
+    """What one rank was doing when its collective timed out."""
+
+    rank: int
+    op: str
+    shapes: str
+    site: str
+    seq: int
+
+
+def reset() -> None:
+    """Restart the per-process sequence numbering (tests call this between runs)."""
+    global _seq
+    _seq = 0
+
+
+def sequence_number() -> int:
+    """Return how many guarded collectives this process has started."""
+    return _seq
+
+
+def guarded(op: str, fn: Callable[[], T], *, shapes: Any = None) -> T:
+    """Run the collective ``fn``; if it times out, raise a table of what every rank was doing.
+
+    Args:
+        op: the user-facing operation name (``gather``, ``wait_for_everyone``, ...).
+        fn: the zero-argument call that performs the collective.
+        shapes: a string, or the data being communicated; summarised only if a timeout happens.
+
+    Raises:
+        CollectiveTimeoutError: ``fn`` raised a timeout (gloo or NCCL); chained to the original.
+    """
+    global _seq
+    _seq += 1
+    seq = _seq
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_ROOT):
+        frame = frame.f_back
+    try:
+        return fn()
+    except RuntimeError as err:
+        if not is_timeout_error(err):
+            raise
+        site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        raise _explain(op, describe(shapes), site, seq, err) from err
+
+
+def is_timeout_error(err: BaseException) -> bool:
+    """Return True when ``err`` is a collective timeout (gloo, NCCL watchdog or store wait)."""
+    if isinstance(err, CollectiveTimeoutError):
+        return False
+    message = str(err).lower()
+    return any(word in message for word in _TIMEOUT_WORDS)
+
+
+def describe(data: Any, limit: int = 80) -> str:
+    """Summarise the shapes in ``data`` as short text, e.g. ``tensor[4, 3]`` or ``{a: tensor[2]}``."""
+    if data is None:
+        return "-"
+    if isinstance(data, str):
+        return data
+    text = _describe(data)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(data: Any) -> str:
+    if isinstance(data, torch.Tensor):
+        dtype = str(data.dtype).replace("torch.", "")
+        suffix = "" if data.dtype == torch.float32 else f" {dtype}"
+        return f"tensor[{', '.join(str(s) for s in data.shape)}]{suffix}"
+    if isinstance(data, Mapping):
+        return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in data.items()) + "}"
+    if isinstance(data, (list, tuple)):
+        inner = ", ".join(_describe(v) for v in data)
+        return f"[{inner}]" if isinstance(data, list) else f"({inner})"
+    return type(data).__name__
+
+
+def _timeout_seconds() -> float | None:
+    import torch.distributed as dist
+
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        backend = group._get_backend(torch.device("cpu"))
+        timeout = backend.options._timeout
+    except Exception:  # noqa: BLE001 - private API; the report works without it
+        return None
+    return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
+
+
+def _collect(mine: FlightRecord, world_size: int, wait_s: float) -> dict[int, FlightRecord]:
+    """Publish this rank's record and read the others' until all arrived or ``wait_s`` passed."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    store.set(_KEY.format(rank=mine.rank), json.dumps(asdict(mine)))
+    records = {mine.rank: mine}
+    pending = [r for r in range(world_size) if r != mine.rank]
+    deadline = time.monotonic() + wait_s
+    while pending:
+        for rank in list(pending):
+            key = _KEY.format(rank=rank)
+            if store.check([key]):
+                records[rank] = FlightRecord(**json.loads(store.get(key)))
+                pending.remove(rank)
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return records
+
+
+def _table(records: dict[int, FlightRecord], world_size: int) -> str:
+    rows = [("rank", "operation", "shapes", "call site", "seq")]
+    for rank in range(world_size):
+        rec = records.get(rank)
+        if rec is None:
+            rows.append((str(rank), "no report", "-", "-", "-"))
+        else:
+            rows.append((str(rank), rec.op, rec.shapes, rec.site, str(rec.seq)))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _explain(op: str, shapes: str, site: str, seq: int, err: BaseException) -> Exception:
+    """Build the error raised on this rank, with every reachable rank's record."""
+    import torch.distributed as dist
+
+    timeout = _timeout_seconds()
+    try:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - no process group: report this rank alone
+        rank, world_size = 0, 1
+    mine = FlightRecord(rank=rank, op=op, shapes=shapes, site=site, seq=seq)
+    wait_s = 2.0 if timeout is None else min(30.0, max(2.0, timeout / 4))
+    note = ""
+    try:
+        records = _collect(mine, world_size, wait_s)
+    except Exception as store_err:  # noqa: BLE001 - the local record still helps
+        records = {rank: mine}
+        note = f"\n(could not reach the other ranks through the store: {store_err})"
+    silent = [r for r in range(world_size) if r not in records]
+    after = f" after {timeout:g}s" if timeout is not None else ""
+    hint = (
+        "\nRanks marked 'no report' were not inside a hasten collective within "
+        f"{wait_s:g}s (busy elsewhere, stuck, or dead)."
+        if silent
+        else ""
+    )
+    message = (
+        f"Collective `{op}` timed out{after} on rank {rank}. What each rank was doing:\n"
+        f"{_table(records, world_size)}{hint}{note}\n"
+        "Every rank must call the same collectives in the same order with matching shapes. "
+        "Raise the limit with InitProcessGroupKwargs(timeout=...) if the work is just slow; "
+        f"run with ACCELERATE_DEBUG_MODE=1 to check shapes before each collective.\n"
+        f"Original error: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+    )
+    return CollectiveTimeoutError(message)
