@@ -1,0 +1,410 @@
+"""What every prepared dataloader shares: end-of-data signalling, epochs and mid-epoch resume.
+
+The prepared loaders subclass `torch.utils.data.DataLoader` itself, so ``isinstance(dl,
+DataLoader)`` holds without tricks. With ``use_stateful_dataloader=True`` the same class is
+combined with torchdata's ``StatefulDataLoader`` (a subclass built once, on first use).
+
+Resume without torchdata: `state_dict()` records the epoch, how many batches the user has
+received and the RNG states at the start of the epoch; after `load_state_dict()` the next
+iteration rebuilds the same order (same sampler generator, same worker seed), skips the
+consumed batches at the index level (no data is loaded for them) and hands back the global
+RNG exactly as it was at load time, so a resumed run draws the same random numbers as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
+from itertools import islice
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+
+from hasten.core.imports import require
+from hasten.core.nested import send_to_device
+from hasten.data_loader.iterable import IterableDatasetShard
+from hasten.data_loader.samplers import get_sampler
+from hasten.state import GradientState
+
+__all__ = ["DataLoaderStateMixin", "ResumableDataLoader", "dataloader_kwargs"]
+
+# Constructor arguments that a rebuilt loader takes over from the original one. The sampling
+# arguments are left out: the shard supplies its own (batch) sampler.
+_SAMPLING_ARGS = frozenset({"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
+
+
+@functools.cache
+def _dataloader_defaults() -> dict[str, Any]:
+    params = inspect.signature(DataLoader.__init__).parameters
+    return {
+        name: p.default
+        for name, p in params.items()
+        if name not in ("self", "dataset") and p.default is not inspect.Parameter.empty
+    }
+
+
+def dataloader_kwargs(dataloader: DataLoader[Any]) -> dict[str, Any]:
+    """Return the non-sampling constructor arguments of ``dataloader`` (to rebuild it)."""
+    return {
+        name: getattr(dataloader, name, default)
+        for name, default in _dataloader_defaults().items()
+        if name not in _SAMPLING_ARGS
+    }
+
+
+class _SkipOnce(Sampler[Any]):
+    """Index sampler that drops its first ``skip`` items on the first pass only."""
+
+    def __init__(self, sampler: Iterable[Any], skip: int) -> None:
+        self.sampler = sampler
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self.skip = self.skip, 0
+        return islice(iter(self.sampler), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+
+class DataLoaderStateMixin:
+    """Track where the current iteration stands and tell `GradientState` about it.
+
+    Attributes:
+        end_of_dataloader: True once the last batch of the epoch has been handed out.
+        remainder: samples in the last global batch (-1 when unknown or with ``drop_last``);
+            gather_for_metrics uses it to drop the samples that even_batches duplicated.
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+    _drop_last: bool = False
+
+    @property
+    def gradient_state(self) -> GradientState:
+        """The shared `GradientState` (looked up, not stored, so loaders stay picklable)."""
+        return GradientState()
+
+    def reset(self) -> None:
+        """Forget the end-of-data flag and remainder of the previous iteration."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Register this loader as the active one and compute the expected remainder."""
+        self.reset()
+        if not self._drop_last:
+            with suppress(Exception):  # unsized datasets simply have no known remainder
+                self.remainder = self._dataset_length() % self.total_batch_size  # type: ignore[attr-defined]
+        self.gradient_state._add_dataloader(self)
+
+    def end(self) -> None:
+        """Unregister this loader from `GradientState`."""
+        self.gradient_state._remove_dataloader(self)
+
+    def _dataset_length(self) -> int:
+        dataset = self.dataset  # type: ignore[attr-defined]
+        if hasattr(dataset, "total_dataset_length"):
+            return int(dataset.total_dataset_length)
+        if isinstance(dataset, IterableDatasetShard):
+            dataset = dataset.dataset
+        return len(dataset)
+
+
+def _rebuild(base: type, state: dict[str, Any]) -> Any:
+    """Unpickle a loader whose class was built at runtime (the stateful variants)."""
+    obj: Any = object.__new__(_stateful_variant(base))
+    obj.__dict__.update(state)
+    return obj
+
+
+class _StatefulMixin:
+    """Resume through torchdata's ``StatefulDataLoader`` instead of our own bookkeeping."""
+
+    _base_class: type
+    _dl_state: dict[str, Any] | None = None
+
+    def _snapshot(self) -> None:
+        # The base iterator runs one batch ahead; record its state before each fetch so the
+        # saved state matches what the user has received, not what was prefetched.
+        self._dl_state = self._torchdata_state_dict()
+
+    def _on_round_start(self) -> None:
+        self._snapshot()  # DataLoaderDispatcher: once per round, on the main process
+
+    def _fetcher(self, iterator: Iterator[Any]) -> Callable[[], Any]:
+        snapshot, fetch = self._snapshot, iterator.__next__
+
+        def fetch_after_snapshot() -> Any:
+            snapshot()
+            return fetch()
+
+        return fetch_after_snapshot
+
+    def _torchdata_state_dict(self) -> dict[str, Any]:
+        return self._stateful_base().state_dict(self)
+
+    @staticmethod
+    def _stateful_base() -> Any:
+        require("torchdata", feature="use_stateful_dataloader=True", extra="stateful")
+        # optional: torchdata
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return torchdata's state of the batches handed out so far."""
+        state = dict(self._dl_state) if self._dl_state is not None else {}
+        if not state:
+            state = self._torchdata_state_dict()
+        state["_iterator_finished"] = bool(getattr(self, "end_of_dataloader", False))
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the next iteration from a state returned by `state_dict`."""
+        self._stateful_base().load_state_dict(self, state_dict)
+        self._dl_state = None
+
+    def _start_epoch(self) -> tuple[int, torch.Tensor | None]:
+        self._sync_rng()  # type: ignore[attr-defined]
+        self.set_epoch(self.iteration)  # type: ignore[attr-defined]
+        return self.skip_batches, None  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = dict(self.__dict__)
+        state["_iterator"] = None  # a live torchdata iterator cannot be pickled; state is enough
+        return (_rebuild, (self._base_class, state))
+
+
+@functools.cache
+def _stateful_variant(base: type) -> type:
+    """Build (once) ``base`` combined with torchdata's ``StatefulDataLoader``."""
+    stateful = _StatefulMixin._stateful_base()
+    name = f"Stateful{base.__name__}"
+    return type(
+        name, (_StatefulMixin, base, stateful), {"__module__": base.__module__, "_base_class": base}
+    )
+
+
+class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
+    """A `DataLoader` that knows its epoch and position and can resume mid-epoch.
+
+    Args:
+        dataset: the dataset to load from.
+        use_stateful_dataloader: back this loader with torchdata's ``StatefulDataLoader``.
+        skip_batches: batches to skip at the start of every iteration.
+        iteration: the epoch to start from.
+        **kwargs: forwarded to `DataLoader`.
+    """
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        if use_stateful_dataloader and not issubclass(cls, _StatefulMixin):
+            cls = _stateful_variant(cls)  # type: ignore[arg-type]
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        dataset: Any,
+        use_stateful_dataloader: bool = False,
+        skip_batches: int = 0,
+        iteration: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.skip_batches = skip_batches
+        self.iteration = iteration
+        self._skip_indices = 0
+        # None: between epochs; k >= 0: k batches of epoch `iteration` handed out;
+        # -1: the last batch of the epoch has been handed out.
+        self._position: int | None = None
+        self._epoch_rng: dict[str, torch.Tensor] | None = None
+        self._resume: dict[str, Any] | None = None
+
+    # -- index-level skipping --------------------------------------------------------------
+
+    @property
+    def _index_sampler(self) -> Any:
+        # DataLoader's iterators read this once when created; handing them a sampler that
+        # drops the first indices skips batches without loading their data.
+        sampler = self.batch_sampler if self._auto_collation else self.sampler
+        skip, self._skip_indices = self._skip_indices, 0
+        return _SkipOnce(sampler, skip) if skip else sampler  # type: ignore[arg-type]
+
+    def _base_iterator(self, skip: int) -> Iterator[Any]:
+        """Create the underlying iterator, already past the first ``skip`` batches."""
+        if skip and not isinstance(self.dataset, IterableDataset):
+            self._skip_indices = skip
+            return super().__iter__()
+        iterator = super().__iter__()
+        for _ in range(skip):  # an iterable dataset has no indices: read and drop
+            if next(iterator, _END) is _END:
+                break
+        return iterator
+
+    def _fetcher(self, iterator: Iterator[Any]) -> Callable[[], Any]:
+        return iterator.__next__
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    _move_to: Any = None  # DataLoaderShard: the device batches go to (None: no move)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        skip, restore_rng = self._start_epoch()
+        self.begin()
+        try:
+            fetch = self._fetcher(self._base_iterator(skip))
+            try:
+                current = fetch()
+            except StopIteration:
+                self._position = None
+                return
+            if restore_rng is not None:
+                torch.set_rng_state(restore_rng)
+            yield from self._hand_out(fetch, current, skip)
+            self.iteration += 1
+            self._position = None
+        finally:
+            self.end()
+
+    def _hand_out(self, fetch: Callable[[], Any], current: Any, position: int) -> Iterator[Any]:
+        """Yield ``current`` and the rest, reading one batch ahead to spot the last one."""
+        device, non_blocking = self._move_to, getattr(self, "_non_blocking", False)
+        while True:
+            if device is not None:
+                current = send_to_device(current, device, non_blocking=non_blocking)
+            try:
+                upcoming = fetch()
+            except StopIteration:
+                self.end_of_dataloader = True
+                self._position = -1
+                yield current
+                return
+            position += 1
+            self._position = position
+            yield current
+            current = upcoming
+
+    # -- epochs and RNG ----------------------------------------------------------------------
+
+    def _sync_rng(self) -> None:
+        """Hook: align RNGs across processes at the start of an epoch (see DataLoaderShard)."""
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        found: dict[str, torch.Generator] = {}
+        sampler = get_sampler(self)
+        for key, gen in (
+            ("loader", self.generator),
+            ("sampler", getattr(sampler, "generator", None)),
+            ("synchronized", getattr(self, "synchronized_generator", None)),
+        ):
+            if isinstance(gen, torch.Generator) and all(gen is not g for g in found.values()):
+                found[key] = gen
+        return found
+
+    def _capture_epoch_rng(self) -> None:
+        states = {f"{k}_generator": g.get_state() for k, g in self._generators().items()}
+        states["torch"] = torch.get_rng_state()
+        self._epoch_rng = states
+
+    def _start_epoch(self) -> tuple[int, torch.Tensor | None]:
+        """Prepare an iteration; return (batches to skip, global RNG state to restore)."""
+        resume, self._resume = self._resume, None
+        if resume is None:
+            self._sync_rng()
+            self.set_epoch(self.iteration)
+            self._capture_epoch_rng()
+            return self.skip_batches, None
+        current = torch.get_rng_state()
+        rng = resume.get("rng", {})
+        for key, gen in self._generators().items():
+            if f"{key}_generator" in rng:
+                gen.set_state(rng[f"{key}_generator"])
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        self.set_epoch(self.iteration)
+        self._capture_epoch_rng()
+        return int(resume["batches_yielded"]), current
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of this loader, its (batch) sampler and dataset when they listen."""
+        self.iteration = epoch
+        batch_sampler: Any = self.batch_sampler
+        if hasattr(batch_sampler, "set_epoch"):
+            batch_sampler.set_epoch(epoch)
+        sampler: Any = get_sampler(self)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        elif hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    # -- resume ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the epoch and number of batches handed out, enough to resume exactly."""
+        if self._resume is not None:  # loaded but not iterated yet
+            return dict(self._resume)
+        position = self._position
+        if position is None:
+            return {"epoch": self.iteration, "batches_yielded": 0}
+        if position < 0:
+            return {"epoch": self.iteration + 1, "batches_yielded": 0}
+        state: dict[str, Any] = {"epoch": self.iteration, "batches_yielded": position}
+        if position and self._epoch_rng is not None:
+            state["rng"] = dict(self._epoch_rng)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next iteration continue where the saved one stopped.
+
+        Raises:
+            ValueError: ``state_dict`` lacks the ``epoch`` / ``batches_yielded`` keys.
+        """
+        if "epoch" not in state_dict or "batches_yielded" not in state_dict:
+            raise ValueError(
+                f"Not a dataloader state: expected the keys 'epoch' and 'batches_yielded', "
+                f"got {sorted(state_dict)!r}. Pass what this loader's state_dict() returned."
+            )
+        self.iteration = int(state_dict["epoch"])
+        self._position = None
+        self._resume = dict(state_dict) if state_dict["batches_yielded"] else None
+
+    # -- samplers ----------------------------------------------------------------------------
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples in one step across all processes."""
+        dataset = self.dataset
+        if isinstance(dataset, IterableDatasetShard):
+            if dataset.split_batches:
+                return dataset.batch_size
+            return dataset.batch_size * dataset.num_processes
+        source = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        size = int(source.batch_size)  # type: ignore[union-attr]
+        if getattr(source, "split_batches", False):
+            return size
+        return size * getattr(source, "num_processes", 1)
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Length of the whole dataset (all processes together)."""
+        if hasattr(self.dataset, "total_length"):
+            return int(self.dataset.total_length)
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def get_sampler(self) -> Sampler[Any] | None:
+        """Return the index sampler below the batch sampler."""
+        return get_sampler(self)
+
+    def set_sampler(self, sampler: Sampler[Any]) -> None:
+        """Replace the index sampler below the batch sampler(s)."""
+        # Shard and skip samplers forward `.sampler` to the batch sampler they wrap.
+        holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        holder.sampler = sampler  # type: ignore[union-attr]
+
+
+_END = object()
