@@ -103,8 +103,8 @@ def _str(name: str, doc: str, default: str | None = None) -> EnvVar:
     return EnvVar(name, str, default, doc)
 
 
-def _megatron(suffix: str, parse: Callable[[str], Any], doc: str) -> EnvVar:
-    return EnvVar(f"MEGATRON_LM_{suffix}", parse, None, doc)
+def _megatron(suffix: str, parse: Callable[[str], Any], doc: str, default: Any = None) -> EnvVar:
+    return EnvVar(f"MEGATRON_LM_{suffix}", parse, default, doc)
 
 
 def _parallelism(suffix: str, parse: Callable[[str], Any], doc: str) -> EnvVar:
@@ -249,33 +249,39 @@ ENV_VARS: dict[str, EnvVar] = _table(
     _str("FSDP_IGNORED_MODULES", "Regex of module names FSDP leaves alone."),
     _flag("FSDP_CPU_RAM_EFFICIENT_LOADING", "Only rank 0 loads the checkpoint; others get empty."),
     # --- Megatron-LM (MegatronLMPlugin) -----------------------------------------------------
-    _megatron("TP_DEGREE", int, "Tensor-parallel degree."),
-    _megatron("PP_DEGREE", int, "Pipeline-parallel degree."),
-    _megatron("NUM_MICRO_BATCHES", int, "Number of micro-batches per pipeline step."),
-    _megatron("GRADIENT_CLIPPING", float, "Global L2-norm gradient clipping (0 disables)."),
-    _megatron("SEQUENCE_PARALLELISM", parse_bool, "Enable sequence parallelism."),
-    _megatron("RECOMPUTE_ACTIVATIONS", parse_bool, "Selective activation recomputation."),
-    _megatron("USE_DISTRIBUTED_OPTIMIZER", parse_bool, "Shard optimizer states."),
-    _megatron("USE_CUSTOM_FSDP", parse_bool, "Use Megatron's own FSDP."),
-    _megatron("NO_LOAD_OPTIM", parse_bool, "Do not load optimizer state from checkpoints."),
-    _megatron("NO_SAVE_OPTIM", parse_bool, "Do not save optimizer state in checkpoints."),
-    _megatron("EOD_MASK_LOSS", parse_bool, "Mask the loss at end-of-document tokens."),
-    _megatron("OPTIMIZER_CPU_OFFLOAD", parse_bool, "Offload the optimizer to CPU."),
-    _megatron("USE_PRECISION_AWARE_OPTIMIZER", parse_bool, "Use the precision-aware optimizer."),
-    _megatron("OVERLAP_CPU_OPTIMIZER_D2H_H2D", parse_bool, "Overlap CPU optimizer transfers."),
+    _megatron("TP_DEGREE", int, "Tensor-parallel degree.", 1),
+    _megatron("PP_DEGREE", int, "Pipeline-parallel degree.", 1),
+    _megatron("NUM_MICRO_BATCHES", int, "Number of micro-batches per pipeline step.", 1),
+    _megatron("GRADIENT_CLIPPING", float, "Global L2-norm gradient clipping (0 disables).", 1.0),
+    _megatron("SEQUENCE_PARALLELISM", parse_bool, "Enable sequence parallelism.", False),
+    _megatron("RECOMPUTE_ACTIVATIONS", parse_bool, "Selective activation recomputation.", False),
+    _megatron("USE_DISTRIBUTED_OPTIMIZER", parse_bool, "Shard optimizer states.", False),
+    _megatron("USE_CUSTOM_FSDP", parse_bool, "Use Megatron's own FSDP.", False),
+    _megatron("NO_LOAD_OPTIM", parse_bool, "Do not load optimizer state from checkpoints.", False),
+    _megatron("NO_SAVE_OPTIM", parse_bool, "Do not save optimizer state in checkpoints.", False),
+    _megatron("EOD_MASK_LOSS", parse_bool, "Mask the loss at end-of-document tokens.", False),
+    _megatron("OPTIMIZER_CPU_OFFLOAD", parse_bool, "Offload the optimizer to CPU.", False),
+    _megatron(
+        "USE_PRECISION_AWARE_OPTIMIZER", parse_bool, "Use the precision-aware optimizer.", False
+    ),
+    _megatron(
+        "OVERLAP_CPU_OPTIMIZER_D2H_H2D", parse_bool, "Overlap CPU optimizer transfers.", False
+    ),
     _megatron("DECODER_LAST_PIPELINE_NUM_LAYERS", int, "Layers on the last pipeline stage."),
-    _megatron("RECOMPUTE_GRANULARITY", str, "Recompute granularity: full or selective."),
-    _megatron("RECOMPUTE_METHOD", str, "Recompute method: uniform or block."),
-    _megatron("RECOMPUTE_NUM_LAYERS", int, "Layers recomputed per unit."),
-    _megatron("ATTENTION_BACKEND", parse_bool, "Let Megatron pick the attention backend."),
-    _megatron("EXPERT_MODEL_PARALLEL_SIZE", int, "Expert (MoE) parallel degree."),
-    _megatron("CONTEXT_PARALLEL_SIZE", int, "Context-parallel degree."),
-    _megatron("ATTENTION_DROPOUT", float, "Attention dropout probability."),
-    _megatron("HIDDEN_DROPOUT", float, "Hidden-state dropout probability."),
-    _megatron("ATTENTION_SOFTMAX_IN_FP32", parse_bool, "Compute attention softmax in fp32."),
-    _megatron("EXPERT_TENSOR_PARALLEL_SIZE", int, "Tensor-parallel degree inside experts."),
-    _megatron("CALCULATE_PER_TOKEN_LOSS", parse_bool, "Average the loss per token."),
-    _megatron("USE_ROTARY_POSITION_EMBEDDINGS", parse_bool, "Use rotary position embeddings."),
+    _megatron("RECOMPUTE_GRANULARITY", str, "Recompute granularity: full or selective.", "full"),
+    _megatron("RECOMPUTE_METHOD", str, "Recompute method: uniform or block.", "uniform"),
+    _megatron("RECOMPUTE_NUM_LAYERS", int, "Layers recomputed per unit.", 1),
+    _megatron("ATTENTION_BACKEND", parse_bool, "Let Megatron pick the attention backend.", True),
+    _megatron("EXPERT_MODEL_PARALLEL_SIZE", int, "Expert (MoE) parallel degree.", 1),
+    _megatron("CONTEXT_PARALLEL_SIZE", int, "Context-parallel degree.", 1),
+    _megatron("ATTENTION_DROPOUT", float, "Attention dropout probability.", 0.0),
+    _megatron("HIDDEN_DROPOUT", float, "Hidden-state dropout probability.", 0.0),
+    _megatron("ATTENTION_SOFTMAX_IN_FP32", parse_bool, "Compute attention softmax in fp32.", True),
+    _megatron("EXPERT_TENSOR_PARALLEL_SIZE", int, "Tensor-parallel degree inside experts.", 1),
+    _megatron("CALCULATE_PER_TOKEN_LOSS", parse_bool, "Average the loss per token.", True),
+    _megatron(
+        "USE_ROTARY_POSITION_EMBEDDINGS", parse_bool, "Use rotary position embeddings.", True
+    ),
     # --- ParallelismConfig ------------------------------------------------------------------
     _parallelism("DP_REPLICATE_SIZE", int, "Replicated data-parallel degree."),
     _parallelism("DP_SHARD_SIZE", int, "Sharded (FSDP) data-parallel degree."),
