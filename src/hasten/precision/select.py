@@ -1,0 +1,102 @@
+"""Choose the `Precision` once, from what the user asked for and where the run computes.
+
+All validation of ``mixed_precision`` happens here, before any model is touched, so a bad
+request fails at `Accelerator(...)` with a message saying what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hasten.core.versions import is_torch_version
+from hasten.platforms.checks import is_bf16_available
+from hasten.precision.amp import AmpPrecision, make_grad_scaler
+from hasten.precision.base import Precision
+
+__all__ = ["FP16_DEVICE_TYPES", "MIXED_PRECISION_CHOICES", "select_precision"]
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
+
+# Device types with fp16 autocast and a GradScaler in torch (CPU since torch 2.3).
+FP16_DEVICE_TYPES = ("cuda", "xpu", "npu", "mlu", "musa", "hpu", "sdaa", "mps", "cpu")
+
+# bf16 autocast needs no capability check on these.
+_BF16_ALWAYS = ("cpu", "xpu", "hpu")
+
+
+def _normalise(mixed_precision: Any) -> str:
+    value = (
+        "no" if mixed_precision is None else str(getattr(mixed_precision, "value", mixed_precision))
+    )
+    value = value.lower()
+    if value not in MIXED_PRECISION_CHOICES:
+        raise ValueError(
+            f"Unknown mixed_precision={mixed_precision!r}; choose one of "
+            f"{list(MIXED_PRECISION_CHOICES)} (or set ACCELERATE_MIXED_PRECISION to one of them)."
+        )
+    return value
+
+
+def _check_device(value: str, device_type: str) -> None:
+    if value == "fp16" and device_type not in FP16_DEVICE_TYPES:
+        raise ValueError(
+            f"mixed_precision='fp16' is not supported on device type {device_type!r}; it needs "
+            f"one of {list(FP16_DEVICE_TYPES)}. Use mixed_precision='no' (or 'bf16' where "
+            "supported) on this device."
+        )
+    if value == "bf16" and device_type not in _BF16_ALWAYS and not is_bf16_available(True):
+        raise ValueError(
+            f"mixed_precision='bf16' is not supported on this {device_type!r} device; use "
+            "mixed_precision='fp16' or 'no'."
+        )
+    if device_type == "mps":
+        needed = "2.5.0" if value == "fp16" else "2.6.0"
+        if not is_torch_version(">=", needed):
+            raise ValueError(
+                f"mixed_precision={value!r} on MPS needs torch >= {needed} (found "
+                f"{torch.__version__!r}); upgrade torch or use mixed_precision='no'."
+            )
+
+
+def select_precision(
+    mixed_precision: Any,
+    device: torch.device | str,
+    *,
+    autocast_kwargs: Any = None,
+    scaler_kwargs: Any = None,
+    distributed_type: Any = None,
+    engine_managed: bool = False,
+) -> Precision:
+    """Return the precision policy for a run.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"`` (or a `PrecisionType`;
+            None means ``"no"``).
+        device: the device the model computes on.
+        autocast_kwargs: an `AutocastKwargs` handler.
+        scaler_kwargs: a `GradScalerKwargs` handler (fp16).
+        distributed_type: the run's `DistributedType` (FSDP gets a sharded grad scaler).
+        engine_managed: the strategy's engine (DeepSpeed, Megatron-LM) handles precision
+            itself; the policy then only carries the label.
+
+    Raises:
+        ValueError: an unknown value, fp8 (not available yet), or a precision the device
+            does not support.
+    """
+    value = _normalise(mixed_precision)
+    if engine_managed or value == "no":
+        return Precision(value)
+    if value == "fp8":
+        raise ValueError(
+            "mixed_precision='fp8' needs an fp8 backend (TransformerEngine, torchao or MS-AMP), "
+            "which hasten does not provide yet; use mixed_precision='bf16'."
+        )
+    device_type = torch.device(device).type
+    _check_device(value, device_type)
+    scaler = None
+    if value == "fp16":
+        options = scaler_kwargs.to_kwargs() if scaler_kwargs is not None else {}
+        scaler = make_grad_scaler(device_type, distributed_type, **options)
+    return AmpPrecision(value, device_type, autocast_kwargs=autocast_kwargs, scaler=scaler)
