@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hasten.training.prepare import (
+    PreparedRegistry,
+    all_parameters,
+    check_optimizer_device,
+    make_backward,
+    parameter_moves,
+    retarget_optimizer,
+    same_device,
+)
+
+
+def test_registry_refuses_a_second_claim() -> None:
+    reg = PreparedRegistry()
+    model = nn.Linear(1, 1)
+    reg.claim(model, "model")
+    with pytest.raises(RuntimeError, match=r"This model \(Linear\) was already passed"):
+        reg.claim(model, "model")
+    wrapper = nn.Sequential(model)
+    reg.record(wrapper)
+    assert wrapper in reg
+    unhashable_but_referenceable = 3  # ints cannot be weakly referenced: identity fallback
+    reg.claim(unhashable_but_referenceable, "object")
+    assert unhashable_but_referenceable in reg
+
+
+def test_parameter_moves_and_retarget() -> None:
+    old = nn.Linear(2, 2)
+    new = nn.Linear(2, 2)
+    moves = parameter_moves(all_parameters([old]), all_parameters([new]))
+    assert set(moves) == {id(p) for p in old.parameters()}
+    opt = torch.optim.SGD(old.parameters(), lr=0.1, momentum=0.9)
+    old(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    retarget_optimizer(opt, moves)
+    assert [p for g in opt.param_groups for p in g["params"]] == list(new.parameters())
+    assert set(opt.state) == set(new.parameters())
+    assert parameter_moves(all_parameters([new]), all_parameters([new])) == {}
+
+
+def test_same_device() -> None:
+    cpu = torch.device("cpu")
+    assert same_device(cpu, cpu)
+    assert not same_device(torch.device("meta"), cpu)
+    assert same_device(torch.device("cuda", 0), torch.device("cuda"))
+    assert not same_device(torch.device("cuda", 1), torch.device("cuda", 0))
+
+
+def test_check_optimizer_device() -> None:
+    opt = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
+    check_optimizer_device(opt, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="prepared without its model"):
+        check_optimizer_device(opt, torch.device("meta"))
+
+
+@pytest.mark.parametrize(
+    ("steps", "scaled", "factor"), [(1, False, 1), (4, False, 0.25), (1, True, 8), (2, True, 4)]
+)
+def test_make_backward(steps: int, scaled: bool, factor: float) -> None:
+    w = nn.Parameter(torch.ones(()))
+    backward = make_backward(steps, (lambda t: t * 8) if scaled else None)
+    backward(w * 3)
+    assert float(w.grad) == pytest.approx(3 * factor)
+    w.grad = None
+    backward(w * 3, retain_graph=False)
+    assert float(w.grad) == pytest.approx(3 * factor)
