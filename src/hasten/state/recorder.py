@@ -23,6 +23,7 @@ import torch
 __all__ = [
     "CollectiveTimeoutError",
     "FlightRecord",
+    "REPORT_WAIT_S",
     "describe",
     "guarded",
     "is_timeout_error",
@@ -34,6 +35,10 @@ T = TypeVar("T")
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _KEY = "hasten/flight/{rank}"
+_DONE = "hasten/flight/read"
+# How long a rank that timed out waits for the others' records: the process-group timeout,
+# clamped to this range (peers blocked in a collective time out within about that long).
+REPORT_WAIT_S = (5.0, 60.0)
 _TIMEOUT_WORDS = ("timed out", "timeout", "time out")
 _seq = 0
 
@@ -133,25 +138,41 @@ def _timeout_seconds() -> float | None:
     return timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
 
 
-def _collect(mine: FlightRecord, world_size: int, wait_s: float) -> dict[int, FlightRecord]:
-    """Publish this rank's record and read the others' until all arrived or ``wait_s`` passed."""
+def _collect(
+    mine: FlightRecord, world_size: int, wait_s: float
+) -> tuple[dict[int, FlightRecord], str]:
+    """Publish this rank's record and read the others' until all arrived or ``wait_s`` passed.
+
+    Returns the records found and a note when the store failed part-way.
+    """
     import torch.distributed as dist
 
-    store = dist.distributed_c10d._get_default_store()
-    store.set(_KEY.format(rank=mine.rank), json.dumps(asdict(mine)))
     records = {mine.rank: mine}
-    pending = [r for r in range(world_size) if r != mine.rank]
     deadline = time.monotonic() + wait_s
-    while pending:
-        for rank in list(pending):
-            key = _KEY.format(rank=rank)
-            if store.check([key]):
-                records[rank] = FlightRecord(**json.loads(store.get(key)))
-                pending.remove(rank)
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(0.02)
-    return records
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(_KEY.format(rank=mine.rank), json.dumps(asdict(mine)))
+        pending = [r for r in range(world_size) if r != mine.rank]
+        while pending and time.monotonic() < deadline:
+            for rank in list(pending):
+                key = _KEY.format(rank=rank)
+                if store.check([key]):
+                    records[rank] = FlightRecord(**json.loads(store.get(key)))
+                    pending.remove(rank)
+            if pending:
+                time.sleep(0.01)
+        read = store.add(_DONE, 1)
+    except Exception as err:  # noqa: BLE001 - what was collected so far still helps
+        return records, f"\n(could not reach every rank through the store: {err})"
+    # The store may live in this process (rank 0): stay until the ranks that reported have read
+    # the table too, or the window closes, so nobody loses the store mid-read.
+    try:
+        while read < len(records) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            read = store.add(_DONE, 0)
+    except Exception:  # noqa: BLE001 - the host left: everyone it waited for has read
+        pass
+    return records, ""
 
 
 def _table(records: dict[int, FlightRecord], world_size: int) -> str:
@@ -178,13 +199,9 @@ def _explain(op: str, shapes: str, site: str, seq: int, err: BaseException) -> E
     except Exception:  # noqa: BLE001 - no process group: report this rank alone
         rank, world_size = 0, 1
     mine = FlightRecord(rank=rank, op=op, shapes=shapes, site=site, seq=seq)
-    wait_s = 2.0 if timeout is None else min(30.0, max(2.0, timeout / 4))
-    note = ""
-    try:
-        records = _collect(mine, world_size, wait_s)
-    except Exception as store_err:  # noqa: BLE001 - the local record still helps
-        records = {rank: mine}
-        note = f"\n(could not reach the other ranks through the store: {store_err})"
+    low, high = REPORT_WAIT_S
+    wait_s = low if timeout is None else min(high, max(low, timeout))
+    records, note = _collect(mine, world_size, wait_s)
     silent = [r for r in range(world_size) if r not in records]
     after = f" after {timeout:g}s" if timeout is not None else ""
     hint = (
