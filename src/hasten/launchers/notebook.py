@@ -27,6 +27,9 @@ class _Worker:
         self.function = function
         self.set_ranks = set_ranks
         self.world_size = world_size
+        # torch elastic names the job after its entrypoint's __name__.
+        self.__name__ = getattr(function, "__name__", type(function).__name__)
+        self.__qualname__ = getattr(function, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
         if self.set_ranks:
@@ -49,11 +52,12 @@ def _reset_hasten_state() -> None:
 
 
 def _state_in_use() -> bool:
+    """True when this process already built a PartialState or an Accelerator."""
     try:
-        from hasten.state import is_initialized
-    except ImportError:
+        from hasten.state import PartialState, is_initialized
+    except ImportError:  # state layer absent: nothing can be in use
         return False
-    return bool(is_initialized())
+    return bool(PartialState._shared_state) or bool(is_initialized())
 
 
 def _free_port() -> str:

@@ -19,10 +19,10 @@ from hasten.config.enums import DynamoBackend, PrecisionType
 from hasten.launchers.slurm import slurm_topology
 
 __all__ = [
-    "RDZV_BACKENDS",
-    "SETTINGS",
     "LaunchPlan",
+    "RDZV_BACKENDS",
     "Resolved",
+    "SETTINGS",
     "SettingSpec",
     "build_plan",
     "resolve_settings",
@@ -57,7 +57,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("num_machines", 1, config_key="num_machines", slurm=True),
     SettingSpec("machine_rank", 0, config_key="machine_rank", slurm=True),
     SettingSpec("main_process_ip", None, config_key="main_process_ip", slurm=True),
-    SettingSpec("main_process_port", None, config_key="main_process_port"),
+    SettingSpec("main_process_port", DEFAULT_PORT, config_key="main_process_port"),
     SettingSpec("rdzv_backend", "static", config_key="rdzv_backend"),
     SettingSpec("same_network", False, config_key="same_network"),
     SettingSpec("use_cpu", False, "ACCELERATE_USE_CPU", "use_cpu", flag="cpu"),

@@ -18,9 +18,9 @@ from hasten.config import envvars
 from hasten.config.enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType
 
 __all__ = [
-    "RDZV_BACKENDS",
     "BaseConfig",
     "ClusterConfig",
+    "RDZV_BACKENDS",
     "cache_dir",
     "default_config_file",
     "default_config_path",

@@ -12,7 +12,16 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CHECKS", "main"]
+__all__ = [
+    "CHECKS",
+    "check_broadcast",
+    "check_gather",
+    "check_reduce",
+    "check_split_between_processes",
+    "check_state",
+    "check_wait_for_everyone",
+    "main",
+]
 
 
 def _state() -> Any:

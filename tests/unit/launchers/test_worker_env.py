@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hasten.config import envvars
+from hasten.launchers.env import apply_worker_env, plugin_env, worker_env
+from hasten.launchers.plan import LaunchPlan
+
+
+def test_worker_env_carries_every_setting_under_the_state_names() -> None:
+    plan = LaunchPlan(
+        "t.py",
+        num_processes=2,
+        use_cpu=True,
+        mixed_precision="bf16",
+        gradient_accumulation_steps=4,
+        dynamo_backend="INDUCTOR",
+        dynamo_mode="max-autotune",
+        dynamo_use_fullgraph=True,
+        debug=True,
+        enable_cpu_affinity=True,
+    )
+    env = worker_env(plan, environ={})
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert env["ACCELERATE_DEBUG_MODE"] == "true"
+    assert env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "4"
+    assert env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
+    assert env["ACCELERATE_DYNAMO_MODE"] == "max-autotune"
+    assert env["ACCELERATE_DYNAMO_USE_FULLGRAPH"] == "true"
+    assert env["ACCELERATE_DYNAMO_USE_DYNAMIC"] == "false"
+    assert env["ACCELERATE_CPU_AFFINITY"] == "1"
+    # Every name is one the state reads through the env table, parsed back to the same value.
+    for name, value in env.items():
+        if name in envvars.ENV_VARS and name != "OMP_NUM_THREADS":
+            envvars.setting(name, {name: value})
+    assert envvars.setting("ACCELERATE_USE_CPU", env) is True
+    assert envvars.setting("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", env) == 4
+
+
+def test_threads_split_the_cores_unless_the_user_chose() -> None:
+    plan = LaunchPlan("t.py", num_processes=2)
+    expected = str(max(1, (os.cpu_count() or 1) // 2))
+    assert worker_env(plan, environ={})["OMP_NUM_THREADS"] == expected
+    assert "OMP_NUM_THREADS" not in worker_env(plan, environ={"OMP_NUM_THREADS": "3"})
+    explicit = LaunchPlan("t.py", num_processes=2, num_cpu_threads_per_process=5)
+    assert worker_env(explicit, environ={"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "5"
+    assert "OMP_NUM_THREADS" not in worker_env(LaunchPlan("t.py"), environ={})
+
+
+def test_gpu_ids_and_user_env_come_last() -> None:
+    plan = LaunchPlan(
+        "t.py",
+        gpu_ids="0,2",
+        extra_env=(("ACCELERATE_MIXED_PRECISION", "fp16"), ("NCCL_DEBUG", "INFO")),
+    )
+    env = worker_env(plan, environ={}, plugin_values={"ACCELERATE_USE_FSDP": "true"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,2"
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["ACCELERATE_MIXED_PRECISION"] == "fp16"  # --env wins over the plan
+    assert env["ACCELERATE_USE_FSDP"] == "true"
+
+
+def test_plugin_env_maps_engine_sections() -> None:
+    config = {
+        "distributed_type": "FSDP",
+        "fsdp_config": {
+            "fsdp_sharding_strategy": "SHARD_GRAD_OP",
+            "fsdp_offload_params": True,
+            "fsdp_transformer_layer_cls_to_wrap": ["Block", "Head"],
+            "fsdp_unknown_key": 1,
+        },
+        "deepspeed_config": {"zero_stage": 3, "zero3_init_flag": False},
+    }
+    env = plugin_env(config)
+    assert env == {
+        "ACCELERATE_USE_FSDP": "true",
+        "FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP",
+        "FSDP_OFFLOAD_PARAMS": "true",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block,Head",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false",
+    }
+    assert plugin_env({"distributed_type": "MULTI_GPU"}) == {}
+
+
+def test_apply_worker_env_writes_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    apply_worker_env({"ACCELERATE_MIXED_PRECISION": "fp16"})
+    assert envvars.read("ACCELERATE_MIXED_PRECISION") == "fp16"
