@@ -1,0 +1,873 @@
+"""`Accelerator`: the one object a training script talks to.
+
+A thin facade over objects chosen once, when the Accelerator is built: a `Strategy` (how work
+is split across processes), a `Precision` (autocast and loss scaling), the shared
+`AcceleratorState`/`GradientState`, and a `GradientAccumulator`. Every per-step method calls
+straight into the object picked for this run; nothing branches on the distributed type per step.
+
+Example:
+    >>> accelerator = Accelerator(cpu=True)
+    >>> model, optimizer = accelerator.prepare(model, optimizer)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from functools import wraps
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from hasten.config import envvars
+from hasten.config.dynamo import TorchDynamoPlugin
+from hasten.config.enums import PrecisionType
+from hasten.config.kwargs import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+)
+from hasten.config.project import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+from hasten.data_loader import prepare_data_loader as shard_data_loader
+from hasten.data_loader import skip_first_batches as skip_batches
+from hasten.ops import collectives
+from hasten.optimizer import AcceleratedOptimizer
+from hasten.platforms.memory import release_memory
+from hasten.precision import select_precision
+from hasten.scheduler import AcceleratedScheduler
+from hasten.state import AcceleratorState, GradientState
+from hasten.strategies import DDPStrategy, Strategy, select_strategy
+from hasten.tracking.manager import TrackerManager
+from hasten.training import metrics, profiling
+from hasten.training.accumulation import GradientAccumulator
+from hasten.training.compile import compile_model
+from hasten.training.prepare import (
+    PreparedRegistry,
+    all_parameters,
+    check_optimizer_device,
+    make_backward,
+    parameter_moves,
+    retarget_optimizer,
+)
+
+__all__ = ["Accelerator"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_UNSET: Any = object()
+
+# Which attribute of the Accelerator holds each kind of kwargs handler.
+_HANDLER_SLOTS: dict[type[KwargsHandler], str] = {
+    DistributedDataParallelKwargs: "ddp_handler",
+    GradScalerKwargs: "scaler_handler",
+    InitProcessGroupKwargs: "init_handler",
+    AutocastKwargs: "autocast_handler",
+    ProfileKwargs: "profile_handler",
+}
+
+
+def _sort_handlers(handlers: Sequence[KwargsHandler] | None) -> dict[str, KwargsHandler]:
+    """Map each handler to its Accelerator slot, refusing unknown types and duplicates."""
+    found: dict[str, KwargsHandler] = {}
+    for handler in handlers or ():
+        slot = next((s for cls, s in _HANDLER_SLOTS.items() if isinstance(handler, cls)), None)
+        if slot is None:
+            allowed = sorted(cls.__name__ for cls in _HANDLER_SLOTS)
+            raise TypeError(
+                f"Unsupported kwargs handler {handler!r}: kwargs_handlers accepts instances of "
+                f"{allowed}. Pass each handler as an instance, e.g. "
+                "kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]."
+            )
+        if slot in found:
+            raise ValueError(
+                f"Two {type(handler).__name__} were passed in kwargs_handlers; pass only one, "
+                "with all its settings."
+            )
+        found[slot] = handler
+    return found
+
+
+def _resolve_accumulation(
+    steps: int, plugin: GradientAccumulationPlugin | None
+) -> GradientAccumulationPlugin:
+    """Build the accumulation plugin from the argument, the plugin, or ACCELERATE_GRADIENT_..."""
+    if plugin is not None:
+        if steps != 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={steps!r} and a GradientAccumulationPlugin were "
+                "both passed; pass only one: put num_steps in the plugin, e.g. "
+                f"GradientAccumulationPlugin(num_steps={steps!r})."
+            )
+        return plugin
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(
+            f"gradient_accumulation_steps must be an int >= 1, got {type(steps).__name__} "
+            f"{steps!r}."
+        )
+    if steps == 1:  # the default: the launcher's setting applies
+        steps = int(envvars.setting("ACCELERATE_GRADIENT_ACCUMULATION_STEPS") or 1)
+    if steps < 1:
+        raise ValueError(
+            f"gradient_accumulation_steps={steps!r} is invalid: it must be >= 1 (1 means no "
+            "accumulation). Pass a positive number of micro-batches per optimizer step."
+        )
+    return GradientAccumulationPlugin(num_steps=steps)
+
+
+def _resolve_mixed_precision(value: Any) -> str | None:
+    """Validate the user's mixed_precision value (None: the launcher's setting applies)."""
+    if value is None:
+        return None
+    text = str(getattr(value, "value", value))
+    if text not in PrecisionType.list():
+        raise ValueError(
+            f"Unknown mixed_precision {value!r}: choose one of {PrecisionType.list()} (or None "
+            "to use ACCELERATE_MIXED_PRECISION / the config file)."
+        )
+    return text
+
+
+def _resolve_dynamo(backend: Any, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin:
+    if backend is not None and plugin is not None:
+        raise ValueError(
+            f"dynamo_backend={backend!r} and dynamo_plugin were both passed; pass only one "
+            "(TorchDynamoPlugin(backend=...) holds the backend too)."
+        )
+    if backend is not None:
+        return TorchDynamoPlugin(backend=backend)
+    return plugin if plugin is not None else TorchDynamoPlugin()
+
+
+def _resolve_data_config(
+    config: DataLoaderConfiguration | None, split_batches: Any
+) -> DataLoaderConfiguration:
+    config = config if config is not None else DataLoaderConfiguration()
+    if split_batches is not _UNSET:
+        if not isinstance(split_batches, bool):
+            raise TypeError(f"split_batches must be a bool, got {split_batches!r}.")
+        config.split_batches = split_batches
+    return config
+
+
+def _resolve_engine_plugins(
+    deepspeed_plugin: Any, deepspeed_plugins: Any, fsdp_plugin: Any, megatron_lm_plugin: Any
+) -> tuple[Any, Any, Any]:
+    """Validate the engine plugins and pick up the launcher's ACCELERATE_USE_* requests."""
+    if deepspeed_plugin is not None and deepspeed_plugins is not None:
+        raise ValueError(
+            "deepspeed_plugin and deepspeed_plugins were both passed; pass only one "
+            "(deepspeed_plugins takes a dict of named plugins)."
+        )
+    deepspeed = deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
+    if deepspeed is None and envvars.read_flag("ACCELERATE_USE_DEEPSPEED"):
+        from hasten.config.deepspeed import DeepSpeedPlugin
+
+        deepspeed = DeepSpeedPlugin()
+    if fsdp_plugin is None and envvars.read_flag("ACCELERATE_USE_FSDP"):
+        from hasten.config.fsdp import FullyShardedDataParallelPlugin
+
+        fsdp_plugin = FullyShardedDataParallelPlugin()
+    if megatron_lm_plugin is None and envvars.read_flag("ACCELERATE_USE_MEGATRON_LM"):
+        from hasten.config.megatron import MegatronLMPlugin
+
+        megatron_lm_plugin = MegatronLMPlugin()
+    return deepspeed, fsdp_plugin, megatron_lm_plugin
+
+
+class Accelerator:
+    """Run one training loop unchanged on a CPU, N processes, N GPUs or N machines.
+
+    Args:
+        device_placement: move prepared models and batches to `device` automatically.
+        split_batches: shortcut for ``DataLoaderConfiguration(split_batches=...)``: the batch
+            size of prepared data loaders is the global one, split between processes.
+        mixed_precision: "no", "fp16", "bf16" or "fp8"; None reads ACCELERATE_MIXED_PRECISION.
+        gradient_accumulation_steps: micro-batches per optimizer step (used by `accumulate`).
+        cpu: force the CPU even when an accelerator is present.
+        dataloader_config: how data loaders are sharded (`DataLoaderConfiguration`).
+        deepspeed_plugin: DeepSpeed settings (accepted and validated; engine not wired yet).
+        fsdp_plugin: FSDP settings (accepted and validated; engine not wired yet).
+        torch_tp_plugin: tensor-parallel settings (deprecated upstream; stored only).
+        megatron_lm_plugin: Megatron-LM settings (accepted and validated; not wired yet).
+        rng_types: RNGs synchronised at each epoch start ("torch", "cuda", "generator", ...).
+        log_with: tracker name(s) or `GeneralTracker` instances for `init_trackers`/`log`.
+        project_dir: where trackers and checkpoints write; sets ``project_config.project_dir``.
+        project_config: a full `ProjectConfiguration`.
+        gradient_accumulation_plugin: full accumulation settings (excludes the steps argument).
+        step_scheduler_with_optimizer: step prepared schedulers only when optimizers step.
+        kwargs_handlers: `KwargsHandler` instances customising DDP, autocast, scaler, ...
+        dynamo_backend: torch.compile backend (excludes ``dynamo_plugin``).
+        dynamo_plugin: full `TorchDynamoPlugin`.
+        deepspeed_plugins: several named DeepSpeed plugins (excludes ``deepspeed_plugin``).
+        parallelism_config: a `ParallelismConfig` (stored; composable parallelism not wired).
+
+    Raises:
+        ValueError: an unknown mixed_precision, a non-positive accumulation, or conflicting
+            arguments (both of a pair that excludes each other).
+        TypeError: an argument of the wrong type (e.g. an unknown kwargs handler).
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _UNSET,
+        mixed_precision: PrecisionType | str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+    ) -> None:
+        self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.set_directories(project_dir)
+        precision_name = _resolve_mixed_precision(mixed_precision)
+        accumulation = _resolve_accumulation(
+            gradient_accumulation_steps, gradient_accumulation_plugin
+        )
+        dynamo = _resolve_dynamo(dynamo_backend, dynamo_plugin)
+        deepspeed, fsdp_plugin, megatron_lm_plugin = _resolve_engine_plugins(
+            deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin
+        )
+        self.dataloader_config = _resolve_data_config(dataloader_config, split_batches)
+        handlers = _sort_handlers(kwargs_handlers)
+        self.ddp_handler: Any = handlers.get("ddp_handler")
+        self.scaler_handler: Any = handlers.get("scaler_handler")
+        self.init_handler: Any = handlers.get("init_handler")
+        self.autocast_handler: Any = handlers.get("autocast_handler")
+        self.profile_handler: Any = handlers.get("profile_handler")
+        self.torch_tp_plugin = torch_tp_plugin
+        self.parallelism_config = parallelism_config
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(
+            mixed_precision=precision_name,
+            cpu=cpu,
+            dynamo_plugin=dynamo,
+            deepspeed_plugin=deepspeed,
+            fsdp_plugin=fsdp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            _from_accelerator=True,
+            **init_kwargs,
+        )
+        self.gradient_state = GradientState(gradient_accumulation_plugin=accumulation)
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = rng_types if rng_types is not None else ["generator"]
+        self._setup_backends(deepspeed, fsdp_plugin, megatron_lm_plugin)
+        self._trackers = TrackerManager(log_with, self.logging_dir, self.is_main_process)
+        self.log_with = self._trackers.log_with
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._custom_objects: list[Any] = []
+        self._prepared = PreparedRegistry()
+
+    def _setup_backends(self, deepspeed: Any, fsdp: Any, megatron: Any) -> None:
+        """Pick strategy and precision once; everything per step dispatches through them."""
+        self.strategy: Strategy = select_strategy(
+            self.state.distributed_type,
+            device=self.device,
+            ddp_kwargs=self.ddp_handler,
+            deepspeed_plugin=deepspeed,
+            fsdp_plugin=fsdp,
+            megatron_lm_plugin=megatron,
+        )
+        self.precision = select_precision(
+            self.state.mixed_precision,
+            device=self.device,
+            distributed_type=self.state.distributed_type,
+            autocast_kwargs=self.autocast_handler,
+            scaler_kwargs=self.scaler_handler,
+        )
+        self.scaler = self.precision.scaler
+        self.native_amp = self.precision.native_amp
+        self._accumulator = GradientAccumulator(self.gradient_state, self.strategy)
+        self._refresh_backward()
+
+    def _refresh_backward(self) -> None:
+        scale = self.scaler.scale if self.scaler is not None else None
+        self._backward = make_backward(self.gradient_state.num_steps, scale)
+        # Until an optimizer is prepared nothing would unscale a scaled loss.
+        self._scaled_without_optimizer = scale is not None
+
+    # ------------------------------------------------------------------ where this process is
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process trains on."""
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> Any:
+        """The run's `DistributedType` label (a label only: behaviour lives in `strategy`)."""
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        """Total number of processes in the job."""
+        return int(self.state.num_processes)
+
+    @property
+    def process_index(self) -> int:
+        """Index of this process in the job."""
+        return int(self.state.process_index)
+
+    @property
+    def local_process_index(self) -> int:
+        """Index of this process on its machine."""
+        return int(self.state.local_process_index)
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on the single process that should write files and print."""
+        return bool(self.state.is_main_process)
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on the first process of each machine."""
+        return bool(self.state.is_local_main_process)
+
+    @property
+    def is_last_process(self) -> bool:
+        """True on the process with the highest index."""
+        return bool(self.state.is_last_process)
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part."""
+        return bool(self.state.use_distributed)
+
+    @property
+    def multi_device(self) -> bool:
+        """Whether the job spans several devices (processes with DDP-style replication)."""
+        return self.num_processes > 1
+
+    @property
+    def mixed_precision(self) -> str:
+        """The active mixed-precision mode ("no", "fp16", "bf16" or "fp8")."""
+        return str(self.state.mixed_precision)
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The DeepSpeed plugin passed in (or from the launcher), if any."""
+        return getattr(self.state, "deepspeed_plugin", None)
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Always False: the FSDP engine is not wired yet."""
+        return False
+
+    # ------------------------------------------------------------------ configuration views
+
+    @property
+    def split_batches(self) -> bool:
+        """Whether prepared data loaders split the global batch between processes."""
+        return bool(self.dataloader_config.split_batches)
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """Whether the main process reads batches and dispatches slices to the others."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether the last batches are topped up so every process sees as many."""
+        return bool(self.dataloader_config.even_batches)
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """Whether random samplers are replaced by a seedable, epoch-aware one."""
+        return bool(self.dataloader_config.use_seedable_sampler)
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether batches are copied to the device with ``non_blocking=True``."""
+        return bool(self.dataloader_config.non_blocking)
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether prepared data loaders are torchdata `StatefulDataLoader`s."""
+        return bool(getattr(self.dataloader_config, "use_stateful_dataloader", False))
+
+    @property
+    def project_dir(self) -> str | None:
+        """The project directory (trackers, checkpoints)."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Where file-based trackers write."""
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """Index of the next automatic checkpoint."""
+        return int(self.project_configuration.iteration)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step."""
+        return int(self.gradient_state.num_steps)
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.plugin_kwargs.update({"num_steps": steps})
+        self._refresh_backward()
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this micro-step synchronises gradients (and so the optimizer steps)."""
+        return bool(self.gradient_state.sync_gradients)
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow): do not step the LR."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def trackers(self) -> list[Any]:
+        """The started trackers (after `init_trackers`)."""
+        return self._trackers.trackers
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and schedulers; return them in order.
+
+        Models are moved, compiled and wrapped (DDP when distributed), optimizers are pointed
+        at the moved parameters and wrapped, data loaders are sharded, and schedulers (handled
+        after every optimizer) step with their optimizer. Other objects pass through.
+
+        Args:
+            *args: the objects, in any order.
+            device_placement: one bool per object overriding the Accelerator's setting.
+
+        Returns:
+            The prepared object if one was passed, else a tuple in the order given.
+
+        Raises:
+            ValueError: ``device_placement`` does not have one entry per object.
+            RuntimeError: an object was prepared before, or an optimizer's parameters are not
+                on the training device after its model moved.
+        """
+        if device_placement is None:
+            placements: list[bool | None] = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"device_placement has {len(device_placement)} entries but {len(args)} objects "
+                "were passed; give one bool per object, in the same order."
+            )
+        else:
+            placements = list(device_placement)
+        self._check_unique(args)
+        self.strategy.check_usable()
+        result = list(args)
+        moves: dict[int, Any] = {}
+        for i, (obj, place) in enumerate(zip(args, placements)):
+            if isinstance(obj, nn.Module):
+                before = all_parameters([obj])
+                result[i] = self.prepare_model(obj, device_placement=place)
+                moves.update(
+                    parameter_moves(before, all_parameters([self.unwrap_model(result[i])]))
+                )
+        for obj in args:
+            if isinstance(obj, torch.optim.Optimizer):
+                retarget_optimizer(obj, moves)
+        for i, (obj, place) in enumerate(zip(args, placements)):
+            if isinstance(obj, torch.optim.Optimizer):
+                result[i] = self.prepare_optimizer(obj, device_placement=place)
+            elif isinstance(obj, torch.utils.data.DataLoader):
+                result[i] = self.prepare_data_loader(obj, device_placement=place)
+        for i, obj in enumerate(args):
+            if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+                result[i] = self.prepare_scheduler(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _mark(self, prepared: Any) -> None:
+        # Accelerate's marker, which other libraries test to avoid preparing twice.
+        setattr(prepared, "_is_accelerate_prepared", True)  # noqa: B010
+        self._prepared.record(prepared)
+
+    @staticmethod
+    def _check_unique(args: Sequence[Any]) -> None:
+        seen: set[int] = set()
+        for obj in args:
+            if id(obj) in seen and not isinstance(obj, (str, int, float, bool, type(None))):
+                raise RuntimeError(
+                    f"The same {type(obj).__name__} was passed twice to one prepare() call; "
+                    "pass each object once."
+                )
+            seen.add(id(obj))
+
+    def prepare_model(
+        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> nn.Module:
+        """Move ``model`` to the device, add autocast, compile and wrap it for this strategy.
+
+        Args:
+            model: the user's model.
+            device_placement: override the Accelerator's ``device_placement``.
+            evaluation_mode: prepare for inference only (no DDP wrapper).
+
+        Returns:
+            The model to train with (possibly a `DistributedDataParallel` or compiled wrapper).
+        """
+        self.strategy.check_usable()
+        self._prepared.claim(model, "model")
+        place = self.device_placement if device_placement is None else device_placement
+        device = self.device if place else None
+        self.precision.wrap_forward(model)
+        if evaluation_mode:
+            prepared = model.to(device) if device is not None else model
+        else:
+            prepared = self.strategy.setup_module(model, device)
+        prepared = compile_model(prepared, self.state.dynamo_plugin)
+        self._mark(prepared)
+        self._models.append(prepared)
+        return prepared
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` so it steps with the loss scaler and only on sync steps.
+
+        Raises:
+            RuntimeError: it was prepared before, or its parameters are not on the training
+                device (prepare its model in the same call, or first).
+        """
+        self._prepared.claim(optimizer, "optimizer")
+        place = self.device_placement if device_placement is None else device_placement
+        if place:
+            check_optimizer_device(optimizer, self.device)
+        wrapped = AcceleratedOptimizer(optimizer, device_placement=place, scaler=self.scaler)
+        self._mark(wrapped)
+        self._optimizers.append(wrapped)
+        self._scaled_without_optimizer = False
+        return wrapped
+
+    def prepare_data_loader(
+        self,
+        data_loader: torch.utils.data.DataLoader[Any],
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Callable[..., Any] | None = None,
+    ) -> Any:
+        """Shard ``data_loader`` for this process (see `DataLoaderConfiguration`).
+
+        Raises:
+            RuntimeError: it was prepared before.
+            ValueError: split_batches with a batch size not divisible by num_processes.
+        """
+        self._prepared.claim(data_loader, "data loader")
+        place = self.device_placement if device_placement is None else device_placement
+        config = self.dataloader_config
+        prepared = shard_data_loader(
+            data_loader,
+            self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=place,
+            rng_types=list(self.rng_types),
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            use_stateful_dataloader=getattr(config, "use_stateful_dataloader", False),
+        )
+        self._mark(prepared)
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap ``scheduler`` so it steps only when its optimizer really stepped.
+
+        Raises:
+            RuntimeError: it was prepared before.
+        """
+        self._prepared.claim(scheduler, "scheduler")
+        owner = getattr(scheduler, "optimizer", None)
+        optimizers: Any = next(
+            (opt for opt in self._optimizers if opt.optimizer is owner), self._optimizers
+        )
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._mark(wrapped)
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """Return a data loader that skips its first ``num_batches`` batches (to resume)."""
+        return skip_batches(dataloader, num_batches)
+
+    # ------------------------------------------------------------------ training step
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` (divided by the accumulation steps, scaled under fp16).
+
+        Raises:
+            RuntimeError: under fp16 before any optimizer was prepared (the scaled gradients
+                would never be unscaled).
+        """
+        if self._scaled_without_optimizer:
+            raise RuntimeError(
+                "backward() under mixed_precision='fp16' scales the loss, but no optimizer was "
+                "prepared to unscale the gradients: pass the optimizer to accelerator.prepare() "
+                "before training."
+            )
+        self._backward(loss, **kwargs)
+
+    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Context for one micro-batch of gradient accumulation over ``models``.
+
+        Sets `sync_gradients` (every ``gradient_accumulation_steps`` micro-batches and on the
+        last batch of the data loader) and skips DDP communication on the other micro-batches.
+        """
+        return self._accumulator.accumulate(models)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Context in which backward accumulates gradients locally (no DDP all-reduce)."""
+        return self.strategy.no_sync(model)
+
+    @staticmethod
+    def trigger_sync_in_backward(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Context forcing the next backward of a DDP ``model`` to all-reduce gradients."""
+        return DDPStrategy().trigger_sync_in_backward(model)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Unscale the gradients of ``optimizer`` (default: every prepared one) under fp16."""
+        if self.scaler is None:
+            return
+        targets = self._optimizers if optimizer is None else optimizer
+        if not isinstance(targets, (list, tuple)):
+            targets = [targets]
+        for opt in targets:
+            self.precision.unscale_(getattr(opt, "optimizer", opt))
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        """Unscale gradients, then clip their total norm to ``max_norm``; return the norm."""
+        self.unscale_gradients()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale gradients, then clamp each element into ``[-clip_value, clip_value]``."""
+        self.unscale_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
+        """Context running the enclosed code under this run's mixed precision."""
+        return self.precision.autocast(autocast_handler or self.autocast_handler)
+
+    def unwrap_model(
+        self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> nn.Module:
+        """Return the user's model from the wrappers `prepare` added."""
+        return self.strategy.unwrap(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
+
+    # ------------------------------------------------------------------ collectives
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (any nesting) from all processes along dim 0."""
+        return collectives.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather evaluation outputs, dropping the samples duplicated to even out batches."""
+        return metrics.gather_for_metrics(
+            input_data,
+            use_gather_object,
+            gradient_state=self.gradient_state,
+            num_processes=self.num_processes,
+        )
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce ``tensor`` across processes ("sum", "mean" or "none"), times ``scale``."""
+        return collectives.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad ``tensor`` along ``dim`` to the largest size among processes."""
+        return collectives.pad_across_processes(
+            tensor, dim=dim, pad_index=pad_index, pad_first=pad_first
+        )
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
+        """Context yielding this process's share of ``inputs`` (list, tuple, dict or tensor)."""
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        self.state.wait_for_everyone()
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that `check_trigger` sees on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Return True on every process if any process called `set_trigger` (then reset it)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flag = collectives.reduce(self.flag_tensor, "sum")
+        if int(flag.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ process helpers
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the local main process only."""
+        self.state.print(*args, **kwargs)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Context where the main process runs first, then the others."""
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Context where each machine's local main process runs first."""
+        return self.state.local_main_process_first()
+
+    def on_main_process(self, function: F | None = None) -> Any:
+        """Decorator: run ``function`` only on the main process."""
+        return self._on(function, lambda: self.is_main_process, "on_main_process")
+
+    def on_local_main_process(self, function: F | None = None) -> Any:
+        """Decorator: run ``function`` only on each machine's local main process."""
+        return self._on(function, lambda: self.is_local_main_process, "on_local_main_process")
+
+    def on_last_process(self, function: F) -> Any:
+        """Decorator: run ``function`` only on the last process."""
+        return self._on(function, lambda: self.is_last_process, "on_last_process")
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run ``function`` only on process ``process_index``."""
+        if function is None:
+            return lambda fn: self.on_process(fn, process_index=process_index)
+        return self._on(function, lambda: self.process_index == process_index, "on_process")
+
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """Decorator: run ``function`` only on local process ``local_process_index``."""
+        if function is None:
+            return lambda fn: self.on_local_process(fn, local_process_index=local_process_index)
+        return self._on(
+            function,
+            lambda: self.local_process_index == local_process_index,
+            "on_local_process",
+        )
+
+    @staticmethod
+    def _on(function: F | None, runs_here: Callable[[], bool], name: str) -> Any:
+        if function is None:
+            return lambda fn: Accelerator._on(fn, runs_here, name)
+        if not callable(function):
+            raise TypeError(f"{name} decorates a function, got {function!r}.")
+
+        @wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if runs_here() else None
+
+        return wrapper
+
+    # ------------------------------------------------------------------ memory
+
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Drop references to prepared objects, collect garbage and empty the device cache."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._prepared = PreparedRegistry()
+        self.step = 0
+        released = release_memory(*objects)
+        gc.collect()
+        return list(released) if isinstance(released, (list, tuple)) else [released]
+
+    def clear(self, *objects: Any) -> list[Any]:
+        """Alias of `free_memory`."""
+        return self.free_memory(*objects)
+
+    # ------------------------------------------------------------------ profiling
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the enclosed block; one Chrome trace per process if an output dir is set."""
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with profiling.profile(handler, self.process_index, self.wait_for_everyone) as prof:
+            yield prof
+
+    # ------------------------------------------------------------------ tracking
+
+    def init_trackers(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Start the ``log_with`` trackers for ``project_name`` and record ``config``."""
+        self._trackers.init(project_name, config=config, init_kwargs=init_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """Return the started tracker ``name`` (its raw run object if ``unwrap``)."""
+        return self._trackers.get(name, unwrap=unwrap)
+
+    def log(
+        self,
+        values: dict[str, Any],
+        step: int | None = None,
+        log_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Log ``values`` at ``step`` to every started tracker (main process only)."""
+        self._trackers.log(values, step=step, log_kwargs=log_kwargs)
+
+    def end_training(self) -> None:
+        """Close the trackers and wait for every process."""
+        self._trackers.finish()
+        self.wait_for_everyone()
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(strategy={self.strategy!r}, mixed_precision={self.mixed_precision!r}, "
+            f"num_processes={self.num_processes}, device={str(self.device)!r})"
+        )
