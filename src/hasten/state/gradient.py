@@ -15,6 +15,16 @@ from hasten.state._shared import SharedState
 
 __all__ = ["GradientState"]
 
+# What each setting is when `plugin_kwargs` (only the plugin's non-default fields) lacks it:
+# the defaults of GradientAccumulationPlugin. (Accelerate falls back to False for
+# adjust_scheduler, which makes the plugin's default True unreachable.)
+_PLUGIN_DEFAULTS: dict[str, Any] = {
+    "num_steps": 1,
+    "adjust_scheduler": True,
+    "sync_with_dataloader": True,
+    "sync_each_batch": False,
+}
+
 
 class GradientState(SharedState):
     """Gradient-synchronisation flags and the active dataloader, shared by every instance.
@@ -52,22 +62,24 @@ class GradientState(SharedState):
     @property
     def num_steps(self) -> int:
         """Number of batches whose gradients are accumulated before a step."""
-        return self.plugin_kwargs.get("num_steps", 1)
+        return self.plugin_kwargs.get("num_steps") or _PLUGIN_DEFAULTS["num_steps"]
 
     @property
     def adjust_scheduler(self) -> bool:
         """Whether the scheduler is stepped to account for accumulation."""
-        return self.plugin_kwargs.get("adjust_scheduler", False)
+        return self.plugin_kwargs.get("adjust_scheduler", _PLUGIN_DEFAULTS["adjust_scheduler"])
 
     @property
     def sync_with_dataloader(self) -> bool:
         """Whether gradients are synchronised (and the count reset) at the end of the data."""
-        return self.plugin_kwargs.get("sync_with_dataloader", True)
+        return self.plugin_kwargs.get(
+            "sync_with_dataloader", _PLUGIN_DEFAULTS["sync_with_dataloader"]
+        )
 
     @property
     def sync_each_batch(self) -> bool:
         """Whether gradients are synchronised on every batch, even while accumulating."""
-        return self.plugin_kwargs.get("sync_each_batch", False)
+        return self.plugin_kwargs.get("sync_each_batch", _PLUGIN_DEFAULTS["sync_each_batch"])
 
     @property
     def dataloader_references(self) -> list[Any]:

@@ -62,14 +62,14 @@ _KNOWN_ATTRS = frozenset(
 )
 
 
-def _do_nothing(*args: Any, **kwargs: Any) -> None:
-    """Stand-in for a function that must not run on this process."""
-    return
-
-
 def _skip(function: F) -> F:
-    """Return a no-op with `function`'s name and docstring."""
-    return functools.wraps(function)(_do_nothing)  # type: ignore[return-value]
+    """Return a no-op that keeps `function`'s name and docstring."""
+
+    @functools.wraps(function)
+    def skipped(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return skipped  # type: ignore[return-value]
 
 
 def _set_cpu_threads(local_num_processes: int) -> None:

@@ -62,12 +62,14 @@ def _take(inputs: Any, start: int, end: int, target: int, pad: bool) -> Any:
             array_share = np.concatenate([array_share, np.repeat(inputs[-1:], missing, axis=0)])
         return array_share
     if isinstance(inputs, (list, tuple)):
-        share = list(inputs[start:end]) + [inputs[-1]] * missing
+        share = list(inputs[start:end])
+        if missing:
+            share += [inputs[-1]] * missing
         return share if isinstance(inputs, list) else type(inputs)(share)
     if hasattr(inputs, "select"):
         # datasets.Dataset (optional: datasets): select rows by index, padding with the last row.
         stop = min(end, len(inputs))
-        rows = list(range(min(start, stop), stop)) + [len(inputs) - 1] * missing
+        rows = list(range(min(start, stop), stop)) + [len(inputs) - 1] * max(missing, 0)
         return inputs.select(rows)
     if isinstance(inputs, Sequence):
         return inputs[start:end]
