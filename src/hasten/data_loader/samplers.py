@@ -123,13 +123,23 @@ class BatchSamplerShard(BatchSampler):
     def __len__(self) -> int:
         total = self.total_length
         if self.split_batches:
-            return total
+            return total - int(self._misses_short_last_batch())
         rounds, rest = divmod(total, self.num_processes)
         if rest == 0 or self.drop_last:
             return rounds
         if self.even_batches:
             return rounds + 1
         return rounds + 1 if self.process_index < rest else rounds
+
+    def _misses_short_last_batch(self) -> bool:
+        """Without even_batches, a short last batch may not reach this process's slice."""
+        if self.drop_last or self.even_batches:
+            return False
+        try:
+            rest = len(self.batch_sampler.sampler) % self.batch_size  # type: ignore[attr-defined, operator]
+        except (AttributeError, TypeError):
+            return False
+        return 0 < rest <= (self.batch_size // self.num_processes) * self.process_index  # type: ignore[operator]
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.split_batches:
