@@ -74,6 +74,7 @@ def test_gather_reduce_broadcast_on_two_processes() -> None:
 def _object_and_padding() -> dict[str, Any]:
     from hasten.ops.collectives import (
         broadcast_object_list,
+        copy_tensor_to_devices,
         gather,
         gather_object,
         pad_across_processes,
@@ -87,7 +88,10 @@ def _object_and_padding() -> dict[str, Any]:
         {"u": uneven, "s": [torch.ones(rank + 1, 2)]}, dim=0, pad_index=-1
     )
     padded_dim1 = pad_across_processes(torch.ones(2, rank + 1), dim=1, pad_first=True)
+    owned = torch.arange(6, dtype=torch.int32).view(2, 3) if rank == 1 else None
+    copied = copy_tensor_to_devices(owned)
     return {
+        "copied": (copied.dtype, copied.tolist()),
         "objects": objects,
         "shared": shared,
         "padded_rows": gather(padded["u"]).view(-1).tolist(),
@@ -104,6 +108,7 @@ def test_objects_and_uneven_padding_on_two_processes() -> None:
         assert out["shared"] == [{"rank": 0}, "from 0"]
         assert out["padded_rows"] == [0, 1, -1, 100, 101, 102]
         assert out["padded_nested"] == (2, 2)
+        assert out["copied"] == (torch.int32, [[0, 1, 2], [3, 4, 5]])
     assert out0["padded_dim1"] == [[0.0, 1.0], [0.0, 1.0]]
     assert out1["padded_dim1"] == [[1.0, 1.0], [1.0, 1.0]]
 

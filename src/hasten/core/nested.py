@@ -157,11 +157,11 @@ def send_to_device(
     Returns:
         The same structure with its tensors on ``device``.
     """
-    if type(tensor) is _Tensor:
-        return tensor.to(device, non_blocking=non_blocking)
     if device == "npu":
         # torch_npu cannot find its context on the first bare "npu" transfer
         device = "npu:0"
+    if type(tensor) is _Tensor:
+        return tensor.to(device, non_blocking=non_blocking)
     skip: frozenset[str] = (
         frozenset()
         if skip_keys is None

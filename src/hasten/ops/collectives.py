@@ -22,6 +22,7 @@ __all__ = [
     "CannotPadNestedTensorWarning",
     "broadcast",
     "broadcast_object_list",
+    "copy_tensor_to_devices",
     "gather",
     "gather_object",
     "pad_across_processes",
@@ -157,6 +158,38 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
         verify_operation(comm, "broadcast_object_list", detail=f"list of {len(object_list)}")
     comm.broadcast_object_list(object_list, from_process, "broadcast_object_list")
     return object_list
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Give every process a copy of a tensor that exactly one process holds (others pass None).
+
+    Unlike `broadcast`, the receiving processes need not know the shape or dtype in advance.
+
+    Raises:
+        ValueError: no process, or more than one, passed a tensor.
+    """
+    comm = current_comm()
+    if comm.num_processes == 1:
+        if tensor is None:
+            raise ValueError(
+                "copy_tensor_to_devices(None) on a single process: pass the tensor to copy."
+            )
+        return tensor
+    mine = None if tensor is None else (tuple(tensor.shape), tensor.dtype)
+    layouts = comm.all_gather_object(mine, "copy_tensor_to_devices")
+    owners = [rank for rank, layout in enumerate(layouts) if layout is not None]
+    if len(owners) != 1:
+        raise ValueError(
+            f"copy_tensor_to_devices needs exactly one process to pass a tensor, but processes "
+            f"{owners} did. Pass the tensor on one process and None on the others."
+        )
+    shape, dtype = layouts[owners[0]]
+    if tensor is None:
+        out = torch.empty(shape, dtype=dtype, device=comm.device)
+    else:
+        out = tensor.to(comm.device).contiguous()
+    comm.broadcast(out, owners[0], "copy_tensor_to_devices", out)
+    return out
 
 
 def _clone(tensor: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from hasten.ops.collectives import (
     CannotPadNestedTensorWarning,
     broadcast,
     broadcast_object_list,
+    copy_tensor_to_devices,
     gather,
     gather_object,
     pad_across_processes,
@@ -209,3 +210,15 @@ def test_debug_mode_reports_every_rank(mirror: MirrorComm) -> None:
     ):
         gather(torch.ones(4, 3))
     assert ("all_gather", "gather") not in mirror.calls
+
+
+def test_copy_tensor_to_devices(local: LocalComm) -> None:
+    t = torch.arange(3)
+    assert copy_tensor_to_devices(t) is t
+    with pytest.raises(ValueError, match=r"copy_tensor_to_devices\(None\) on a single process"):
+        copy_tensor_to_devices(None)
+
+
+def test_copy_tensor_to_devices_needs_one_owner(mirror: MirrorComm) -> None:
+    with pytest.raises(ValueError, match=r"exactly one process.*processes \[0, 1\] did"):
+        copy_tensor_to_devices(torch.ones(1))  # the mirrored peer holds one too

@@ -101,3 +101,11 @@ def test_comm_is_rechosen_when_the_group_changes(gloo_group: None) -> None:
     stale = LocalComm()
     set_comm(stale)
     assert current_comm() is stale  # chosen for this group, reused
+
+
+def test_current_comm_is_local_without_a_process_group() -> None:
+    reset_comm()
+    comm = current_comm()
+    assert isinstance(comm, LocalComm)
+    assert comm.num_processes == 1
+    assert current_comm() is comm  # chosen once, then reused
