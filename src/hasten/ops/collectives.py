@@ -115,9 +115,11 @@ def _broadcast_group(comm: Communicator, group: list[torch.Tensor], src: int, da
     comm.broadcast(flat, src, "broadcast", data)
     if not is_source:
         offset = 0
-        for t in group:
-            t.copy_(flat[offset : offset + t.numel()].view(t.shape))
-            offset += t.numel()
+        # no_grad: like torch.distributed.broadcast, overwrite parameters that require grad
+        with torch.no_grad():
+            for t in group:
+                t.copy_(flat[offset : offset + t.numel()].view(t.shape))
+                offset += t.numel()
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:

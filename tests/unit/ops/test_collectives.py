@@ -131,6 +131,14 @@ def test_broadcast_in_place(mirror: MirrorComm) -> None:
     assert single.tolist() == [7.0, 7.0]
 
 
+def test_broadcast_overwrites_parameters(mirror: MirrorComm) -> None:
+    mirror.process_index = 1
+    model = torch.nn.Linear(2, 2)
+    broadcast(list(model.parameters()))
+    assert torch.equal(model.weight, torch.full((2, 2), 7.0))
+    assert model.weight.requires_grad
+
+
 def test_broadcast_source_keeps_values(mirror: MirrorComm) -> None:
     data = [torch.arange(3.0), torch.arange(2.0)]
     out = broadcast(data, from_process=0)
