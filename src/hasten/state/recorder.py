@@ -1,7 +1,7 @@
 """No silent hangs: remember what each collective is, and explain a timeout on every rank.
 
 `guarded` wraps every collective hasten issues. On the hot path it only bumps a per-process
-sequence number and keeps a pointer to the caller's frame (a few hundred nanoseconds). When the
+sequence number (about a hundred nanoseconds; the call site is read only on failure). When the
 collective raises a timeout, each rank publishes what it was doing (operation, shapes, call site,
 sequence number) through the default process group's store, waits briefly for the other ranks'
 records, and raises a `CollectiveTimeoutError` whose message is a table of every rank's story.
@@ -83,16 +83,20 @@ def guarded(op: str, fn: Callable[[], T], *, shapes: Any = None) -> T:
     global _seq
     _seq += 1
     seq = _seq
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_ROOT):
-        frame = frame.f_back
     try:
         return fn()
     except RuntimeError as err:
         if not is_timeout_error(err):
             raise
-        site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-        raise _explain(op, describe(shapes), site, seq, err) from err
+        # The callers' frames are still live here, so the call site costs nothing until needed.
+        raise _explain(op, describe(shapes), _call_site(sys._getframe(1)), seq, err) from err
+
+
+def _call_site(frame: Any) -> str:
+    """Return ``file.py:line`` of the first frame outside the hasten package."""
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_ROOT):
+        frame = frame.f_back
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def is_timeout_error(err: BaseException) -> bool:
