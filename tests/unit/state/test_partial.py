@@ -272,3 +272,66 @@ def test_is_initialized_reflects_accelerator_state() -> None:
     PartialState()
     assert not is_initialized()
     assert "RANK" not in os.environ
+
+
+def test_gpu_launch_initialises_nccl_with_the_users_kwargs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.config.kwargs import InitProcessGroupKwargs
+    from hasten.platforms.registry import get_platform
+
+    cuda = get_platform("cuda")
+    selected: list[torch.device] = []
+    monkeypatch.setattr(type(cuda), "device_count", lambda self: 2)
+    monkeypatch.setattr(type(cuda), "set_device", lambda self, device: selected.append(device))
+    monkeypatch.setattr(partial_module, "current_platform", lambda cpu=False: cuda)
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    barriers: list[object] = []
+    monkeypatch.setattr(dist, "barrier", lambda **kwargs: barriers.append(kwargs))
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    kwargs = InitProcessGroupKwargs(init_method="tcp://10.0.0.1:23456").to_kwargs()
+    state = PartialState(**kwargs)
+    assert calls == [
+        {
+            "backend": "nccl",
+            "init_method": "tcp://10.0.0.1:23456",
+            "timeout": datetime.timedelta(minutes=10),
+            "rank": 3,
+            "world_size": 4,
+        }
+    ]
+    assert state.distributed_type == DistributedType.MULTI_GPU and state.backend == "nccl"
+    assert state.device == torch.device("cuda", 1) and selected == [torch.device("cuda", 1)]
+    assert (state.process_index, state.local_process_index, state.num_processes) == (3, 1, 4)
+    assert not state.is_main_process and state.is_last_process and not state.is_local_main_process
+    state.wait_for_everyone()
+    assert barriers == [{"device_ids": [1]}]
+
+
+def test_gpu_host_with_cpu_flag_stays_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.platforms.registry import get_platform
+
+    monkeypatch.setattr(
+        partial_module,
+        "current_platform",
+        lambda cpu=False: get_platform("cpu") if cpu else get_platform("cuda"),
+    )
+    state = PartialState(cpu=True)
+    assert state.device == torch.device("cpu") and state.default_device == torch.device("cpu")
+
+
+def test_deepspeed_launch_goes_through_deepspeed_comm(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    from hasten.platforms.registry import get_platform
+
+    monkeypatch.setattr(partial_module, "current_platform", lambda cpu=False: get_platform("cuda"))
+    monkeypatch.setattr(type(get_platform("cuda")), "set_device", lambda self, device: None)
+    monkeypatch.setattr(type(get_platform("cuda")), "device_count", lambda self: 1)
+    import hasten.core.imports as imports
+
+    monkeypatch.setattr(imports, "is_package_available", lambda name, min_version=None: False)
+    with pytest.raises(ImportError, match="pip install 'hasten\\[deepspeed\\]'"):
+        PartialState()
+    assert PartialState._shared_state == {}
