@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hasten.config import envvars
-from hasten.core.imports import is_transformers_available, require
+from hasten.core.imports import is_deepspeed_available, is_transformers_available, require
 
 __all__ = ["DeepSpeedPlugin", "HfDeepSpeedConfig"]
 
@@ -412,9 +412,14 @@ class DeepSpeedPlugin:
 
     def set_deepspeed_weakref(self) -> None:
         """Register this config with transformers so `from_pretrained` sees ZeRO-3 settings."""
-        if not is_transformers_available():
+        # transformers' HfDeepSpeedConfig itself needs deepspeed; without both there is nothing
+        # to register, which only matters when ZeRO-3 init was asked for.
+        if not (is_transformers_available() and is_deepspeed_available()):
             if self.zero3_init_flag:
                 require("transformers", feature="DeepSpeedPlugin(zero3_init_flag=True)")
+                require(
+                    "deepspeed", feature="DeepSpeedPlugin(zero3_init_flag=True)", extra="deepspeed"
+                )
             return
         # optional: transformers
         integrations = require(

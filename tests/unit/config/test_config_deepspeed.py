@@ -207,6 +207,32 @@ def test_select_and_unselect(monkeypatch: pytest.MonkeyPatch) -> None:
     assert plugin.selected is False
 
 
+def test_select_without_deepspeed_installed_still_selects() -> None:
+    plugin = DeepSpeedPlugin(zero_stage=2)
+    plugin.select(_from_accelerator_state=True)
+    assert plugin.selected is True
+
+
+def test_zero3_init_without_deepspeed_names_the_pip_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hasten.config.deepspeed as module
+
+    monkeypatch.setattr(module, "is_deepspeed_available", lambda: False)
+    monkeypatch.setattr(module, "is_transformers_available", lambda: True)
+    plugin = DeepSpeedPlugin(zero_stage=3)
+    asked: list[tuple[str, dict]] = []
+
+    def fake_require(package: str, **kw: object) -> None:
+        asked.append((package, kw))
+
+    monkeypatch.setattr(module, "require", fake_require)
+    plugin.set_deepspeed_weakref()
+    assert [package for package, _ in asked] == ["transformers", "deepspeed"]
+    assert asked[1][1]["extra"] == "deepspeed"
+    assert plugin.dschf is None
+
+
 def test_weakref_without_transformers_is_a_no_op_unless_zero3_init(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
