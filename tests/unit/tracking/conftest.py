@@ -1,0 +1,11 @@
+"""Fixtures for the tracking tests."""
+
+from __future__ import annotations
+
+import pytest
+from _tracking_fakes import RecordingTracker
+
+
+@pytest.fixture
+def recording() -> RecordingTracker:
+    return RecordingTracker("custom")
