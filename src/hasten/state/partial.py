@@ -320,17 +320,21 @@ class PartialState(SharedState):
             return function
         return _skip(function)
 
-    def on_main_process(self, function: F) -> F:
-        """Decorate `function` to run only on the main process."""
+    def on_main_process(self, function: F | None = None) -> Any:
+        """Decorate `function` to run only on the main process (also as ``on_main_process()``)."""
         if not self.initialized:
             raise RuntimeError(
                 "PartialState.on_main_process was used before the state was set up; create "
                 "PartialState() or Accelerator() first."
             )
+        if function is None:
+            return self.on_main_process
         return self._keep_if(self.is_main_process, function)
 
-    def on_local_main_process(self, function: F) -> F:
+    def on_local_main_process(self, function: F | None = None) -> Any:
         """Decorate `function` to run only on the main process of each machine."""
+        if function is None:
+            return self.on_local_main_process
         return self._keep_if(self.is_local_main_process, function)
 
     def on_last_process(self, function: F) -> F:

@@ -181,6 +181,8 @@ def test_decorators_in_a_single_process_always_run() -> None:
         return 1
 
     assert state.on_main_process(f) is f
+    assert state.on_main_process()(f) is f
+    assert state.on_local_main_process()(f) is f
     assert state.on_local_main_process(f) is f
     assert state.on_last_process(f) is f
     assert state.on_process(f, process_index=3) is f
