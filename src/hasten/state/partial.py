@@ -172,6 +172,12 @@ class PartialState(SharedState):
             backend=requested_backend,
             mpi_available=dist.is_available() and dist.is_mpi_available(),
         )
+        self._cpu = cpu
+        self.platform = platform
+        self._spec = spec
+        self.local_process_index = spec.local_process_index
+        # The device is made current before the group exists: nccl binds to it at creation.
+        self.set_device()
         if spec.backend is not None:
             for name, value in spec.env_updates.items():
                 envvars.write(name, value)
@@ -179,8 +185,6 @@ class PartialState(SharedState):
                 _set_cpu_threads(spec.local_num_processes)
             if not dist.is_initialized():
                 _init_process_group(spec, spec.backend, dict(kwargs))
-        self._cpu = cpu
-        self.platform = platform
         self.debug = bool(envvars.setting("ACCELERATE_DEBUG_MODE"))
         self.fork_launched = bool(envvars.setting("FORK_LAUNCHED"))
         self._mixed_precision = str(envvars.setting("ACCELERATE_MIXED_PRECISION"))
@@ -188,8 +192,6 @@ class PartialState(SharedState):
         self.backend = spec.backend
         self._apply_ranks(spec)
         self.distributed_type = spec.distributed_type
-        self._spec = spec
-        self.set_device()
         self._barrier = _barrier_for(spec, self.device)
         if envvars.setting("ACCELERATE_CPU_AFFINITY"):
             set_numa_affinity(self.local_process_index)
@@ -202,7 +204,6 @@ class PartialState(SharedState):
         else:
             self.num_processes = spec.num_processes
             self.process_index = spec.process_index
-        self.local_process_index = spec.local_process_index
 
     @property
     def distributed_type(self) -> DistributedType:
