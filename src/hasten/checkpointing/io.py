@@ -146,7 +146,7 @@ def load(f: str | os.PathLike[str] | BinaryIO, map_location: Any = None, **kwarg
         UnsafeCheckpointError: the pickle needs types beyond tensors, plain data and numpy
             arrays; the message says how to opt in.
     """
-    if not hasattr(f, "read") and is_safetensors_file(f):  # type: ignore[arg-type]
+    if isinstance(f, (str, os.PathLike)) and is_safetensors_file(f):
         from safetensors.torch import load_file
 
         device = "cpu" if map_location is None else map_location

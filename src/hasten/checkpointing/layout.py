@@ -25,6 +25,7 @@ from hasten.core.constants import (
 
 __all__ = [
     "CHECKPOINT_PREFIX",
+    "checkpoint_number",
     "checkpoint_path",
     "complete_checkpoints",
     "custom_object_file",
@@ -116,6 +117,12 @@ def publish(staging: Path, final: Path) -> None:
     fsync_directory(final.parent)
     if aside.exists():
         shutil.rmtree(aside)
+
+
+def checkpoint_number(folder: Path) -> int | None:
+    """The ``<i>`` of a ``checkpoint_<i>`` folder, or None for any other name."""
+    match = _NUMBERED.match(folder.name)
+    return int(match.group(1)) if match else None
 
 
 def complete_checkpoints(project_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
-import socket
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,22 +19,20 @@ from typing import Any
 import torch
 
 from hasten.checkpointing import layout
-from hasten.checkpointing.io import fsync_directory, load
-from hasten.checkpointing.manifest import (
-    ChecksumWriter,
-    CorruptCheckpointError,
-    FileRecord,
-    read_manifest,
-    read_verified,
-    write_manifest,
-)
+from hasten.checkpointing.io import load
+from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest, read_verified
 from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
-from hasten.checkpointing.tensors import (
-    dedupe_shared_tensors,
-    safetensors_bytes,
-    tensors_from_safetensors,
+from hasten.checkpointing.tensors import tensors_from_safetensors
+from hasten.checkpointing.writer import (
+    FileJob,
+    PendingSave,
+    SavePlan,
+    host_copy,
+    model_jobs,
+    pickle_job,
+    prepare_staging,
+    run_plan,
 )
-from hasten.ops.collectives import gather_object
 from hasten.state import PartialState
 
 __all__ = ["CheckpointContents", "load_accelerator_state", "save_accelerator_state"]
@@ -59,51 +55,31 @@ class CheckpointContents:
     scaler: Any | None = None
 
 
-def _write(folder: Path, name: str, write: Callable[[Any], None]) -> FileRecord:
-    with open(folder / name, "wb") as handle:
-        writer = ChecksumWriter(handle)
-        write(writer)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return FileRecord(name, writer.size, writer.crc32)
-
-
-def _write_pickle(folder: Path, name: str, obj: Any) -> FileRecord:
-    return _write(folder, name, lambda w: torch.save(obj, w))
-
-
-def _write_models(
-    folder: Path, states: Sequence[dict[str, torch.Tensor]], safe: bool
-) -> tuple[list[FileRecord], dict[str, dict[str, str]]]:
-    records, aliases = [], {}
-    for index, state in enumerate(states):
-        name = layout.model_file(index, safe)
-        if safe:
-            kept, dropped = dedupe_shared_tensors(state)
-            data = safetensors_bytes(kept, {})
-            records.append(_write(folder, name, lambda w, d=data: w.write(d)))
-            if dropped:
-                aliases[name] = dropped
-        else:
-            records.append(_write_pickle(folder, name, state))
-    return records, aliases
-
-
-def _write_shared_parts(folder: Path, contents: CheckpointContents) -> list[FileRecord]:
-    records = []
-    for index, optimizer in enumerate(contents.optimizers):
-        records.append(_write_pickle(folder, layout.optimizer_file(index), optimizer.state_dict()))
-    for index, scheduler in enumerate(contents.schedulers):
-        records.append(_write_pickle(folder, layout.scheduler_file(index), scheduler.state_dict()))
-    for index, loader in enumerate(contents.dataloaders):
-        if hasattr(loader, "state_dict"):
-            name = layout.dataloader_state_file(index)
-            records.append(_write_pickle(folder, name, loader.state_dict()))
-    for index, obj in enumerate(contents.custom_objects):
-        records.append(_write_pickle(folder, layout.custom_object_file(index), obj.state_dict()))
+def _shared_jobs(contents: CheckpointContents, copy: Callable[[Any], Any]) -> list[FileJob]:
+    jobs = [
+        pickle_job(layout.optimizer_file(i), copy(o.state_dict()))
+        for i, o in enumerate(contents.optimizers)
+    ]
+    jobs += [
+        pickle_job(layout.scheduler_file(i), copy(s.state_dict()))
+        for i, s in enumerate(contents.schedulers)
+    ]
+    jobs += [
+        pickle_job(layout.dataloader_state_file(i), copy(d.state_dict()))
+        for i, d in enumerate(contents.dataloaders)
+        if hasattr(d, "state_dict")
+    ]
+    jobs += [
+        pickle_job(layout.custom_object_file(i), copy(c.state_dict()))
+        for i, c in enumerate(contents.custom_objects)
+    ]
     if contents.scaler is not None:
-        records.append(_write_pickle(folder, layout.scaler_file(), contents.scaler.state_dict()))
-    return records
+        jobs.append(pickle_job(layout.scaler_file(), copy(contents.scaler.state_dict())))
+    return jobs
+
+
+def _identity(obj: Any) -> Any:
+    return obj
 
 
 def save_accelerator_state(
@@ -113,41 +89,42 @@ def save_accelerator_state(
     step: int = 0,
     safe_serialization: bool = True,
     save_on_each_node: bool = False,
-) -> Path:
+    async_save: bool = False,
+    total_limit: int | None = None,
+    project_dir: str | None = None,
+) -> Path | PendingSave:
     """Write a complete checkpoint of ``contents`` to ``output_dir`` on every process together.
 
-    Returns the final folder. Every process must call this (it synchronises them).
+    Every process must call this. Synchronously it returns the final folder once it is
+    published everywhere. With ``async_save`` it returns a `PendingSave` as soon as the state is
+    copied to host memory; the files are written and published on a background thread.
+    ``total_limit`` (with ``project_dir``) prunes the oldest automatic checkpoints after publishing.
     """
     state = PartialState()
-    final = Path(output_dir).absolute()
-    staging = layout.staging_path(final)
-    writer = state.is_local_main_process if save_on_each_node else state.is_main_process
-    if writer:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        if staging.exists():
-            shutil.rmtree(staging)  # left by a save that crashed; never loadable
-        staging.mkdir()
-    state.wait_for_everyone()
-    records: list[FileRecord] = []
-    aliases: dict[str, dict[str, str]] = {}
-    if writer:
-        records, aliases = _write_models(staging, contents.model_states, safe_serialization)
-        records += _write_shared_parts(staging, contents)
-    rng = {**capture_rng_state(), "step": step}
-    records.append(_write_pickle(staging, layout.rng_file(state.process_index), rng))
-    everyone = (
-        gather_object([(socket.gethostname(), records)])
-        if state.num_processes > 1
-        else [(socket.gethostname(), records)]
+    is_writer = state.is_local_main_process if save_on_each_node else state.is_main_process
+    copy = host_copy if async_save else _identity
+    plan = SavePlan(
+        final=Path(output_dir).absolute(),
+        rank=state.process_index,
+        num_processes=state.num_processes,
+        is_writer=is_writer,
+        total_limit=total_limit,
+        project_dir=project_dir,
+        save_on_each_node=save_on_each_node,
     )
-    if writer:
-        host = socket.gethostname()
-        mine = [r for h, rs in everyone for r in rs if h == host or not save_on_each_node]
-        extra = {"step": step, "num_processes": state.num_processes, "aliases": aliases}
-        fsync_directory(staging)
-        write_manifest(staging, mine, extra)
-        layout.publish(staging, final)
-    state.wait_for_everyone()
+    if is_writer:
+        states = [copy(s) for s in contents.model_states]
+        plan.jobs = model_jobs(states, safe_serialization)
+        plan.jobs += _shared_jobs(contents, copy)
+    rng = {**capture_rng_state(), "step": step}
+    plan.jobs.append(pickle_job(layout.rng_file(state.process_index), rng))
+    plan.extra = {"step": step, "num_processes": state.num_processes}
+    prepare_staging(plan)
+    state.wait_for_everyone()  # the staging folder exists before anyone writes into it
+    if async_save:
+        return PendingSave(plan)
+    final = run_plan(plan)
+    state.wait_for_everyone()  # published before any process goes on
     return final
 
 
@@ -207,8 +184,6 @@ def _load_model(
     safe_name = layout.model_file(index, True)
     if (folder / safe_name).is_file():
         state = tensors_from_safetensors(_read_bytes(folder, safe_name, manifest))
-        for alias, kept in ((manifest or {}).get("aliases", {}).get(safe_name, {})).items():
-            state[alias] = state[kept]
     else:
         state = _load_pickle(folder, layout.model_file(index, False), manifest, "cpu")
     problem = _mismatch(model, state)

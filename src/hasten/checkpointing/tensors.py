@@ -12,7 +12,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["dedupe_shared_tensors", "safetensors_bytes", "tensors_from_safetensors"]
+__all__ = ["ALIASES_KEY", "dedupe_shared_tensors", "safetensors_bytes", "tensors_from_safetensors"]
+
+# safetensors metadata key listing tied names dropped from the file (alias -> kept name).
+ALIASES_KEY = "hasten_tied_aliases"
 
 _DTYPES = {
     "F64": torch.float64,
@@ -40,14 +43,14 @@ def dedupe_shared_tensors(
     """
     kept: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
-    owner: dict[tuple[Any, int, tuple[int, ...], torch.dtype], str] = {}
+    owner: dict[tuple[Any, ...], str] = {}
     for name, tensor in state_dict.items():
         if tensor.device.type == "meta" or tensor.numel() == 0:
             kept[name] = tensor
             continue
         key = (
             tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
+            int(tensor.storage_offset()),
             tuple(tensor.shape),
             tensor.dtype,
         )
@@ -59,16 +62,23 @@ def dedupe_shared_tensors(
     return kept, aliases
 
 
-def safetensors_bytes(state_dict: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """Serialize a (deduplicated) state dict to safetensors bytes."""
+def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
+    """Serialize a state dict to safetensors bytes, storing tied weights once.
+
+    The dropped names go to the file's metadata, and `tensors_from_safetensors` ties them back.
+    """
     from safetensors.torch import save
 
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-    return save(tensors, metadata={"format": "pt", **metadata})
+    kept, aliases = dedupe_shared_tensors(state_dict)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in kept.items()}
+    metadata = {"format": "pt"}
+    if aliases:
+        metadata[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    return save(tensors, metadata=metadata)
 
 
 def tensors_from_safetensors(buffer: bytearray) -> dict[str, torch.Tensor]:
-    """Zero-copy tensors over a safetensors file held in ``buffer``.
+    """Zero-copy tensors over a safetensors file held in ``buffer``, tied names restored.
 
     Raises:
         ValueError: the buffer is not a valid safetensors file (the message says what is off).
@@ -79,6 +89,7 @@ def tensors_from_safetensors(buffer: bytearray) -> dict[str, torch.Tensor]:
     if header_len <= 0 or 8 + header_len > len(buffer):
         raise ValueError(f"not a safetensors file: header length {header_len} is out of range")
     header = json.loads(bytes(buffer[8 : 8 + header_len]))
+    aliases = json.loads((header.get("__metadata__") or {}).get(ALIASES_KEY, "{}"))
     base = 8 + header_len
     tensors: dict[str, torch.Tensor] = {}
     for name, info in header.items():
@@ -96,4 +107,6 @@ def tensors_from_safetensors(buffer: bytearray) -> dict[str, torch.Tensor]:
             buffer, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=base + begin
         )
         tensors[name] = flat.view(shape)
+    for alias, kept in aliases.items():
+        tensors[alias] = tensors[kept]
     return tensors

@@ -68,7 +68,7 @@ def test_malicious_pickle_is_refused_and_runs_nothing(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with open(tmp_path / "evil.bin", "wb") as handle:
-        pickle.dump({"w": _Exploit()}, handle)
+        pickle.dump({"w": _Exploit()}, handle, protocol=2)
     with pytest.raises(UnsafeCheckpointError, match=r"weights_only=False"):
         load(tmp_path / "evil.bin")
     assert not (tmp_path / "PWNED").exists()

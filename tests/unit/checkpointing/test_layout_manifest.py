@@ -133,7 +133,7 @@ def test_zero_copy_safetensors_reader_matches_the_library(dtype: torch.dtype) ->
         "c": torch.ones(3, dtype=torch.bfloat16),
         "empty": torch.empty(0, 2),
     }
-    data = safetensors_bytes(state, {})
+    data = safetensors_bytes(state)
     ours = tensors_from_safetensors(bytearray(data))
     theirs = reference(data)
     assert set(ours) == set(theirs)

@@ -1,0 +1,173 @@
+"""The Accelerator's checkpoint bookkeeping: where to save, hooks, pending async saves.
+
+The Accelerator facade hands in its prepared objects on each call; this class decides the
+folder (explicit or ``checkpoint_<i>`` naming), runs the user's pre-hooks, and delegates the
+writing and reading to `hasten.checkpointing.state`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from hasten.checkpointing import layout
+from hasten.checkpointing.state import (
+    CheckpointContents,
+    load_accelerator_state,
+    save_accelerator_state,
+)
+from hasten.checkpointing.writer import PendingSave
+from hasten.config.project import ProjectConfiguration
+
+__all__ = ["CheckpointManager", "check_checkpointable"]
+
+SaveHook = Callable[[list[torch.nn.Module], list[dict[str, Any]], str], None]
+LoadHook = Callable[[list[torch.nn.Module], str], None]
+
+
+def check_checkpointable(objects: Sequence[Any]) -> None:
+    """Refuse objects that cannot be saved and restored.
+
+    Raises:
+        TypeError: an object lacks ``state_dict`` or ``load_state_dict`` (all are named).
+    """
+    bad = [
+        f"item {i} ({type(obj).__name__})"
+        for i, obj in enumerate(objects)
+        if not (callable(getattr(obj, "state_dict", None)))
+        or not callable(getattr(obj, "load_state_dict", None))
+    ]
+    if bad:
+        raise TypeError(
+            f"register_for_checkpointing needs objects with state_dict() and "
+            f"load_state_dict(); these have not: {', '.join(bad)}. Wrap them in a small class "
+            "that provides both."
+        )
+
+
+class CheckpointManager:
+    """Checkpoint folders, pre-hooks and asynchronous saves for one Accelerator."""
+
+    def __init__(self, project_config: ProjectConfiguration) -> None:
+        self.project_config = project_config
+        self._save_hooks: OrderedDict[int, SaveHook] = OrderedDict()
+        self._load_hooks: OrderedDict[int, LoadHook] = OrderedDict()
+        self._pending: PendingSave | None = None
+
+    def register_save_state_pre_hook(self, hook: SaveHook) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before saving; it may edit ``weights``."""
+        handle = RemovableHandle(self._save_hooks)
+        self._save_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: LoadHook) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before loading."""
+        handle = RemovableHandle(self._load_hooks)
+        self._load_hooks[handle.id] = hook
+        return handle
+
+    def _save_dir(self, output_dir: str | os.PathLike[str] | None) -> Path:
+        config = self.project_config
+        if config.automatic_checkpoint_naming:
+            if config.project_dir is None:
+                raise ValueError(
+                    "automatic_checkpoint_naming needs a project_dir: pass "
+                    "Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...)."
+                )
+            target = layout.checkpoint_path(config.project_dir, config.iteration)
+            if target.exists():
+                raise FileExistsError(
+                    f"Checkpoint folder {target} already exists. Set "
+                    "accelerator.project_configuration.iteration to the next free number, or "
+                    "remove the folder."
+                )
+            return target
+        if output_dir is None:
+            raise ValueError(
+                "save_state() needs an output_dir, or a ProjectConfiguration with "
+                "automatic_checkpoint_naming=True (and a project_dir)."
+            )
+        return Path(output_dir)
+
+    def wait(self) -> None:
+        """Finish a pending asynchronous save, raising if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.wait()
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike[str] | None,
+        contents: CheckpointContents,
+        models: list[torch.nn.Module],
+        *,
+        step: int,
+        safe_serialization: bool = True,
+        async_save: bool = False,
+    ) -> str:
+        """Save everything in ``contents`` (``models`` are what the hooks see); return the folder."""
+        self.wait()
+        target = self._save_dir(output_dir)
+        for hook in self._save_hooks.values():
+            hook(models, contents.model_states, str(target))
+        config = self.project_config
+        automatic = config.automatic_checkpoint_naming
+        result = save_accelerator_state(
+            target,
+            contents,
+            step=step,
+            safe_serialization=safe_serialization,
+            save_on_each_node=config.save_on_each_node,
+            async_save=async_save,
+            total_limit=config.total_limit if automatic else None,
+            project_dir=config.project_dir if automatic else None,
+        )
+        if isinstance(result, PendingSave):
+            self._pending = result
+        config.iteration += 1
+        return str(target.absolute())
+
+    def _load_dir(self, input_dir: str | os.PathLike[str] | None) -> Path:
+        if input_dir is not None:
+            return Path(input_dir)
+        config = self.project_config
+        if not config.automatic_checkpoint_naming or config.project_dir is None:
+            raise ValueError(
+                "load_state() without input_dir needs automatic_checkpoint_naming=True and a "
+                "project_dir; otherwise pass the folder save_state wrote."
+            )
+        newest = layout.newest_complete_checkpoint(config.project_dir)
+        if newest is None:
+            raise FileNotFoundError(
+                f"No complete checkpoint under {Path(config.project_dir) / 'checkpoints'}. "
+                "Save one with save_state() first, or pass input_dir."
+            )
+        return newest
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None,
+        contents: CheckpointContents,
+        *,
+        map_location: Any = "cpu",
+        strict: bool = True,
+    ) -> dict[str, Any]:
+        """Load a checkpoint into ``contents``; return its saved attributes (``step``)."""
+        self.wait()
+        folder = self._load_dir(input_dir)
+        for hook in self._load_hooks.values():
+            hook(contents.models, str(folder))
+        attributes = load_accelerator_state(
+            folder, contents, map_location=map_location, strict=strict
+        )
+        number = layout.checkpoint_number(folder)
+        if self.project_config.automatic_checkpoint_naming and number is not None:
+            # The next automatic save goes after the loaded one, not over it.
+            self.project_config.iteration = number + 1
+        return attributes

@@ -1,0 +1,108 @@
+"""save_model: a model's weights as one file or size-capped shards plus an index, atomically.
+
+Tied weights are written once (safetensors refuses shared storage; a pickle keeps the sharing).
+Shards are serialized one at a time, so the extra memory is at most one shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from hasten.big_modeling.sizes import convert_file_size_to_int
+from hasten.checkpointing.io import atomic_write
+from hasten.checkpointing.tensors import dedupe_shared_tensors, safetensors_bytes
+from hasten.core.constants import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
+
+__all__ = ["plan_shards", "save_model_weights"]
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def plan_shards(state_dict: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
+    """Group tensor names in order into shards of at most ``max_bytes`` (a bigger tensor alone)."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in state_dict.items():
+        nbytes = _nbytes(tensor)
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def _shard_name(weights_name: str, index: int, total: int) -> str:
+    stem, suffix = weights_name.rsplit(".", 1)
+    return f"{stem}-{index:05d}-of-{total:05d}.{suffix}"
+
+
+def _remove_stale_shards(folder: Path, weights_name: str, keep: set[str]) -> None:
+    stem, suffix = weights_name.rsplit(".", 1)
+    pattern = re.compile(rf"^{re.escape(stem)}(-\d{{5}}-of-\d{{5}})?\.{re.escape(suffix)}$")
+    for entry in folder.iterdir():
+        if pattern.match(entry.name) and entry.name not in keep:
+            entry.unlink()
+
+
+def _write_shard(path: Path, tensors: dict[str, torch.Tensor], safe: bool) -> None:
+    with atomic_write(path) as handle:
+        if safe:
+            handle.write(safetensors_bytes(tensors))
+        else:
+            torch.save(tensors, handle)
+
+
+def save_model_weights(
+    state_dict: dict[str, torch.Tensor],
+    save_directory: str | os.PathLike[str],
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+) -> list[str]:
+    """Write ``state_dict`` as ``model.safetensors`` or shards plus an index; return file names.
+
+    Raises:
+        ValueError: ``save_directory`` is an existing file, or ``max_shard_size`` is not a size.
+    """
+    folder = Path(save_directory)
+    if folder.is_file():
+        raise ValueError(
+            f"save_directory {str(folder)!r} is a file; pass a folder to write the weights into."
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    max_bytes = convert_file_size_to_int(max_shard_size)
+    tensors = {k: v.detach() for k, v in state_dict.items()}
+    if safe_serialization:
+        tensors, _ = dedupe_shared_tensors(tensors)
+    weights_name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
+    index_name = SAFE_WEIGHTS_INDEX_NAME if safe_serialization else WEIGHTS_INDEX_NAME
+    shards = plan_shards(tensors, max_bytes)
+    if len(shards) == 1:
+        names = [weights_name]
+    else:
+        names = [_shard_name(weights_name, i + 1, len(shards)) for i in range(len(shards))]
+    for name, keys in zip(names, shards):
+        _write_shard(folder / name, {k: tensors[k] for k in keys}, safe_serialization)
+    _remove_stale_shards(folder, weights_name, set(names))
+    index = folder / index_name
+    if len(shards) == 1:
+        index.unlink(missing_ok=True)
+        return names
+    weight_map = {k: name for name, keys in zip(names, shards) for k in keys}
+    total = sum(_nbytes(t) for t in tensors.values())
+    payload = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with atomic_write(index) as handle:
+        handle.write(json.dumps(payload, indent=2, sort_keys=True).encode())
+    return [*names, index_name]

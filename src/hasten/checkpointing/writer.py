@@ -1,0 +1,191 @@
+"""Writing a checkpoint: plan the files, write them (inline or on a thread), publish atomically.
+
+Every process writes its share into the staging folder and then a small ``.records_<rank>.json``
+listing what it wrote (size, CRC32). The main process waits for every rank's record file, writes
+the manifest and renames the folder into place. Coordinating through files rather than
+collectives lets the same code run on a background thread (``async_save``) without ever issuing a
+collective beside the training loop's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hasten.checkpointing import layout
+from hasten.checkpointing.io import fsync_directory
+from hasten.checkpointing.manifest import ChecksumWriter, FileRecord, write_manifest
+from hasten.checkpointing.tensors import safetensors_bytes
+from hasten.core.nested import recursively_apply
+
+__all__ = [
+    "FileJob",
+    "PendingSave",
+    "SavePlan",
+    "host_copy",
+    "model_jobs",
+    "pickle_job",
+    "prepare_staging",
+    "run_plan",
+]
+
+_RECORDS = ".records_{rank}.json"
+# How long the main process waits for the other ranks' record files before giving up.
+_PEER_TIMEOUT_S = 600.0
+
+
+def host_copy(obj: Any) -> Any:
+    """A copy of ``obj`` whose tensors live in host memory, detached from training."""
+    return recursively_apply(lambda t: t.detach().to("cpu", copy=True), obj)
+
+
+@dataclass
+class FileJob:
+    """One file of the checkpoint and the function that writes its bytes."""
+
+    name: str
+    write: Callable[[Any], None]
+
+
+def pickle_job(name: str, obj: Any) -> FileJob:
+    """A file holding ``torch.save(obj)``."""
+    return FileJob(name, lambda handle: torch.save(obj, handle))
+
+
+def _safetensors_writer(state: dict[str, torch.Tensor]) -> Callable[[Any], None]:
+    def write(handle: Any) -> None:
+        handle.write(safetensors_bytes(state))
+
+    return write
+
+
+def model_jobs(states: list[dict[str, torch.Tensor]], safe: bool) -> list[FileJob]:
+    """Files for the model weights: safetensors (tied weights stored once) or pickles."""
+    return [
+        FileJob(layout.model_file(i, True), _safetensors_writer(state))
+        if safe
+        else pickle_job(layout.model_file(i, False), state)
+        for i, state in enumerate(states)
+    ]
+
+
+@dataclass
+class SavePlan:
+    """What one process writes for one checkpoint, and where."""
+
+    final: Path
+    rank: int
+    num_processes: int
+    is_writer: bool
+    jobs: list[FileJob] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    total_limit: int | None = None
+    project_dir: str | None = None
+    save_on_each_node: bool = False
+
+    @property
+    def staging(self) -> Path:
+        """The hidden folder the files go to before the rename."""
+        return layout.staging_path(self.final)
+
+
+def _write_job(folder: Path, job: FileJob) -> FileRecord:
+    with open(folder / job.name, "wb") as handle:
+        writer = ChecksumWriter(handle)
+        job.write(writer)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return FileRecord(job.name, writer.size, writer.crc32)
+
+
+def _publish_records(plan: SavePlan, records: list[FileRecord]) -> None:
+    payload = {"host": socket.gethostname(), "files": [asdict(r) for r in records]}
+    path = plan.staging / _RECORDS.format(rank=plan.rank)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def _collect_records(plan: SavePlan) -> list[FileRecord]:
+    deadline = time.monotonic() + _PEER_TIMEOUT_S
+    host = socket.gethostname()
+    records: list[FileRecord] = []
+    for rank in range(plan.num_processes):
+        path = plan.staging / _RECORDS.format(rank=rank)
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Process {rank} did not finish writing its part of {plan.final} within "
+                    f"{_PEER_TIMEOUT_S:.0f}s; the checkpoint was not published."
+                )
+            time.sleep(0.005)
+        payload = json.loads(path.read_text())
+        if payload["host"] == host or not plan.save_on_each_node:
+            records += [FileRecord(**f) for f in payload["files"]]
+    return records
+
+
+def run_plan(plan: SavePlan) -> Path:
+    """Write this process's files; on the writer, wait for the others and publish."""
+    records = [_write_job(plan.staging, job) for job in plan.jobs]
+    _publish_records(plan, records)
+    if not plan.is_writer:
+        return plan.final
+    everyone = _collect_records(plan)
+    for rank in range(plan.num_processes):
+        (plan.staging / _RECORDS.format(rank=rank)).unlink(missing_ok=True)
+    fsync_directory(plan.staging)
+    write_manifest(plan.staging, everyone, plan.extra)
+    layout.publish(plan.staging, plan.final)
+    if plan.total_limit is not None and plan.project_dir is not None:
+        layout.prune_checkpoints(plan.project_dir, plan.total_limit)
+    return plan.final
+
+
+def prepare_staging(plan: SavePlan) -> None:
+    """Create an empty staging folder (writer only), removing one a crashed save left."""
+    if not plan.is_writer:
+        return
+    plan.final.parent.mkdir(parents=True, exist_ok=True)
+    if plan.staging.exists():
+        shutil.rmtree(plan.staging)
+    plan.staging.mkdir()
+
+
+class PendingSave:
+    """A checkpoint being written on a background thread; `wait` joins it and re-raises."""
+
+    def __init__(self, plan: SavePlan) -> None:
+        self.plan = plan
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="hasten-async-save", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            run_plan(self.plan)
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread in wait()
+            self._error = exc
+
+    def done(self) -> bool:
+        """Whether the background write has finished (successfully or not)."""
+        return not self._thread.is_alive()
+
+    def wait(self) -> Path:
+        """Block until the checkpoint is written (and, on the writer, published)."""
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(
+                f"The asynchronous save to {self.plan.final} failed: {self._error}"
+            ) from self._error
+        return self.plan.final

@@ -1,0 +1,66 @@
+"""save_model_weights: one file or shards plus index, tied weights once, stale shards removed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hasten.checkpointing.model import plan_shards, save_model_weights
+
+
+def _state() -> dict[str, torch.Tensor]:
+    emb = torch.nn.Parameter(torch.randn(100, 10))  # 4,000 bytes
+    return {
+        "emb.weight": emb,
+        "a.weight": torch.randn(50, 10),  # 2,000 bytes
+        "b.weight": torch.randn(50, 10),
+        "head.weight": emb,  # tied
+    }
+
+
+def test_plan_shards_respects_the_cap_in_order() -> None:
+    state = {f"t{i}": torch.zeros(250) for i in range(5)}  # 1,000 bytes each
+    assert plan_shards(state, 2000) == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert plan_shards({"big": torch.zeros(1000)}, 10) == [["big"]]
+
+
+def test_single_file_with_tied_weights_once(tmp_path: Path) -> None:
+    names = save_model_weights(_state(), tmp_path)
+    assert names == ["model.safetensors"]
+    loaded = load_file(str(tmp_path / "model.safetensors"))
+    assert sorted(loaded) == ["a.weight", "b.weight", "emb.weight"]
+
+
+def test_sharded_safetensors_with_index(tmp_path: Path) -> None:
+    state = _state()
+    names = save_model_weights(state, tmp_path, max_shard_size="5KB")
+    assert names[-1] == "model.safetensors.index.json"
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == 8000
+    merged: dict[str, torch.Tensor] = {}
+    for shard in set(index["weight_map"].values()):
+        merged.update(load_file(str(tmp_path / shard)))
+    for key in ("emb.weight", "a.weight", "b.weight"):
+        assert torch.equal(merged[key], state[key])
+    assert {index["weight_map"][k] for k in merged} == set(names[:-1])
+
+
+def test_bin_shards_and_stale_files_removed(tmp_path: Path) -> None:
+    save_model_weights(_state(), tmp_path, max_shard_size=3000, safe_serialization=False)
+    assert (tmp_path / "pytorch_model.bin.index.json").exists()
+    save_model_weights(_state(), tmp_path, safe_serialization=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pytorch_model.bin"]
+    loaded = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    assert loaded["head.weight"].data_ptr() == loaded["emb.weight"].data_ptr()
+
+
+def test_bad_inputs(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        save_model_weights(_state(), tmp_path / "file")
+    with pytest.raises(ValueError):
+        save_model_weights(_state(), tmp_path / "d", max_shard_size="lots")

@@ -1,0 +1,252 @@
+"""save/load of a whole training state in one process: round trip, async, verification, errors."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hasten.checkpointing import (
+    CheckpointContents,
+    CheckpointManager,
+    CorruptCheckpointError,
+    check_checkpointable,
+    load_accelerator_state,
+    save_accelerator_state,
+)
+from hasten.checkpointing.manifest import MANIFEST_NAME
+from hasten.checkpointing.writer import PendingSave
+from hasten.config.project import ProjectConfiguration
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.value = state["value"]
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 6)
+        self.body = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 11, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(self.emb(x))))
+
+
+def _setup(seed: int) -> tuple[Tied, torch.optim.Optimizer, object, Counter]:
+    torch.manual_seed(seed)
+    model = Tied()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    return model, opt, sched, Counter()
+
+
+def _train(model: Tied, opt: torch.optim.Optimizer, sched: object, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        x = torch.randint(0, 11, (4, 3))
+        loss = model(x).logsumexp(-1).mean()
+        loss.backward()
+        opt.step()
+        sched.step()  # type: ignore[attr-defined]
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _contents(model: Tied, opt: object, sched: object, counter: Counter) -> CheckpointContents:
+    return CheckpointContents(
+        model_states=[model.state_dict()],
+        models=[model],
+        optimizers=[opt],
+        schedulers=[sched],
+        custom_objects=[counter],
+    )
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.parametrize("safe", [True, False])
+def test_round_trip_resumes_exactly(tmp_path: Path, async_save: bool, safe: bool) -> None:
+    model, opt, sched, counter = _setup(0)
+    _train(model, opt, sched, 3)
+    counter.value = 7
+    result = save_accelerator_state(
+        tmp_path / "ckpt",
+        _contents(model, opt, sched, counter),
+        step=3,
+        safe_serialization=safe,
+        async_save=async_save,
+    )
+    if async_save:
+        assert isinstance(result, PendingSave)
+        result.wait()
+    expected = _train(model, opt, sched, 3)
+    random.random(), np.random.rand()  # disturb every RNG before loading
+
+    fresh, fresh_opt, fresh_sched, fresh_counter = _setup(1)
+    attrs = load_accelerator_state(
+        tmp_path / "ckpt", _contents(fresh, fresh_opt, fresh_sched, fresh_counter)
+    )
+    assert attrs == {"step": 3}
+    assert fresh_counter.value == 7
+    assert fresh.head.weight is fresh.emb.weight  # tying survives
+    assert _train(fresh, fresh_opt, fresh_sched, 3) == expected
+    for a, b in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_async_save_is_isolated_from_later_training(tmp_path: Path) -> None:
+    model, opt, sched, counter = _setup(0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pending = save_accelerator_state(
+        tmp_path / "ckpt", _contents(model, opt, sched, counter), async_save=True
+    )
+    _train(model, opt, sched, 2)  # mutates the live weights while the thread writes
+    assert isinstance(pending, PendingSave)
+    pending.wait()
+    fresh, fresh_opt, fresh_sched, fresh_counter = _setup(5)
+    load_accelerator_state(
+        tmp_path / "ckpt", _contents(fresh, fresh_opt, fresh_sched, fresh_counter)
+    )
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value, before[key])
+
+
+def test_tied_weights_are_stored_once(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    model, opt, sched, counter = _setup(0)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == ["body.bias", "body.weight", "emb.weight"]
+
+
+def test_a_different_model_names_the_mismatching_keys(tmp_path: Path) -> None:
+    model, opt, sched, counter = _setup(0)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    other = torch.nn.Sequential(torch.nn.Linear(6, 3))
+    other_opt = torch.optim.AdamW(other.parameters())
+    contents = CheckpointContents(
+        models=[other],
+        optimizers=[other_opt],
+        schedulers=[torch.optim.lr_scheduler.StepLR(other_opt, 1)],
+        custom_objects=[Counter()],
+    )
+    with pytest.raises(ValueError, match=r"missing \(first: 0\.weight.*unexpected"):
+        load_accelerator_state(tmp_path / "c", contents)
+
+
+def test_non_strict_loads_matching_keys_and_warns(tmp_path: Path) -> None:
+    model, opt, sched, counter = _setup(0)
+    save_accelerator_state(tmp_path / "c", CheckpointContents(model_states=[model.state_dict()]))
+    bigger = Tied()
+    bigger.extra = torch.nn.Linear(2, 2)
+    with pytest.warns(UserWarning, match="matching keys only"):
+        load_accelerator_state(tmp_path / "c", CheckpointContents(models=[bigger]), strict=False)
+    assert torch.equal(bigger.body.weight, model.body.weight)
+
+
+def test_different_number_of_registered_objects(tmp_path: Path) -> None:
+    model, opt, sched, counter = _setup(0)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    contents = _contents(*_setup(0))
+    contents.custom_objects.append(Counter())
+    with pytest.raises(ValueError, match="holds 1 custom objects but 2 were"):
+        load_accelerator_state(tmp_path / "c", contents)
+
+
+def test_missing_folder_and_partial_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="No checkpoint folder"):
+        load_accelerator_state(tmp_path / "nope", CheckpointContents())
+    model, opt, sched, counter = _setup(0)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    (tmp_path / "c" / MANIFEST_NAME).unlink()
+    with pytest.raises(CorruptCheckpointError, match="missing"):
+        load_accelerator_state(tmp_path / "c", _contents(*_setup(0)))
+    with pytest.warns(RuntimeWarning, match="without verification"):
+        load_accelerator_state(tmp_path / "c", _contents(*_setup(0)), strict=False)
+
+
+def test_corrupted_optimizer_file_is_named(tmp_path: Path) -> None:
+    model, opt, sched, counter = _setup(0)
+    _train(model, opt, sched, 1)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    path = tmp_path / "c" / "optimizer.bin"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"optimizer\.bin is corrupted"):
+        load_accelerator_state(tmp_path / "c", _contents(*_setup(0)))
+
+
+def test_failing_part_is_named_or_warned(tmp_path: Path) -> None:
+    class Fragile(Counter):
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            raise KeyError("schema changed")
+
+    model, opt, sched, counter = _setup(0)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    contents = _contents(*_setup(0))
+    contents.custom_objects = [Fragile()]
+    with pytest.raises(RuntimeError, match="custom object 0"):
+        load_accelerator_state(tmp_path / "c", contents)
+    with pytest.warns(RuntimeWarning, match="custom object 0"):
+        load_accelerator_state(tmp_path / "c", contents, strict=False)
+
+
+def test_check_checkpointable_names_bad_objects() -> None:
+    check_checkpointable([Counter()])
+    with pytest.raises(TypeError, match=r"item 1 \(int\)"):
+        check_checkpointable([Counter(), 3])
+
+
+def test_manager_automatic_naming_total_limit_and_newest(tmp_path: Path) -> None:
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2
+    )
+    manager = CheckpointManager(config)
+    model, opt, sched, counter = _setup(0)
+    seen: list[str] = []
+    handle = manager.register_save_state_pre_hook(lambda m, w, d: seen.append(d))
+    for value in range(3):
+        counter.value = value
+        manager.save_state(None, _contents(model, opt, sched, counter), [model], step=value)
+    handle.remove()
+    manager.save_state(None, _contents(model, opt, sched, counter), [model], step=3)
+    assert [Path(d).name for d in seen] == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["checkpoint_2", "checkpoint_3"]
+
+    config2 = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    loader = CheckpointManager(config2)
+    fresh = _contents(*_setup(1))
+    assert loader.load_state(None, fresh) == {"step": 3}
+    assert config2.iteration == 4  # the next save goes after the loaded checkpoint
+
+
+def test_manager_errors(tmp_path: Path) -> None:
+    manager = CheckpointManager(ProjectConfiguration())
+    with pytest.raises(ValueError, match="needs an output_dir"):
+        manager.save_state(None, CheckpointContents(), [], step=0)
+    with pytest.raises(ValueError, match="without input_dir"):
+        manager.load_state(None, CheckpointContents())
+    auto = CheckpointManager(
+        ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    )
+    with pytest.raises(FileNotFoundError, match="No complete checkpoint"):
+        auto.load_state(None, CheckpointContents())
+    (tmp_path / "checkpoints" / "checkpoint_0").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="already exists"):
+        auto.save_state(None, CheckpointContents(), [], step=0)
