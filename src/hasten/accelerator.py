@@ -21,6 +21,13 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from hasten.checkpointing import (
+    CheckpointContents,
+    CheckpointManager,
+    check_checkpointable,
+    save_model_weights,
+)
+from hasten.checkpointing import io as checkpoint_io
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
 from hasten.config.enums import PrecisionType
@@ -286,6 +293,7 @@ class Accelerator:
         self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
         self._prepared = PreparedRegistry()
+        self._checkpoints = CheckpointManager(self.project_configuration)
 
     def _setup_backends(self, deepspeed: Any, fsdp: Any, megatron: Any) -> None:
         """Pick strategy and precision once; everything per step dispatches through them."""
@@ -837,6 +845,104 @@ class Accelerator:
         with profiling.profile(handler, self.process_index, self.wait_for_everyone) as prof:
             yield prof
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """Return the full state dict of ``model`` (unwrapped from DDP/compile by default)."""
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` once per job (once per node with ``save_on_each_node``)."""
+        checkpoint_io.save(
+            obj,
+            f,
+            save_on_each_node=self.project_configuration.save_on_each_node,
+            safe_serialization=safe_serialization,
+        )
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the unwrapped weights of ``model`` as one file or shards plus an index.
+
+        Only the main process writes; tied weights are stored once.
+        """
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include ``objects`` (each with state_dict/load_state_dict) in save/load_state."""
+        check_checkpointable(objects)
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> Any:
+        """Call ``hook(models, weights, output_dir)`` before each save; returns a removable handle."""
+        return self._checkpoints.register_save_state_pre_hook(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> Any:
+        """Call ``hook(models, input_dir)`` before each load; returns a removable handle."""
+        return self._checkpoints.register_load_state_pre_hook(hook)
+
+    def _checkpoint_contents(self, for_save: bool) -> CheckpointContents:
+        models = [self.unwrap_model(m) for m in self._models]
+        return CheckpointContents(
+            model_states=[m.state_dict() for m in models] if for_save else [],
+            models=models,
+            optimizers=list(self._optimizers),
+            schedulers=list(self._schedulers),
+            dataloaders=list(self._dataloaders),
+            custom_objects=list(self._custom_objects),
+            scaler=self.scaler,
+        )
+
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        async_save: bool = False,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save models, optimizers, schedulers, loaders, scaler, RNG states and registered objects.
+
+        The folder appears complete or not at all (written aside, then renamed). With
+        ``async_save`` the call returns once the state is copied to host memory; the next save,
+        load or `end_training` waits for the write. Returns the folder.
+        """
+        return self._checkpoints.save_state(
+            output_dir,
+            self._checkpoint_contents(for_save=True),
+            list(self._models),
+            step=self.step,
+            safe_serialization=safe_serialization,
+            async_save=async_save,
+        )
+
+    def load_state(
+        self,
+        input_dir: str | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        strict: bool = True,
+        **load_model_func_kwargs: Any,
+    ) -> None:
+        """Restore everything `save_state` wrote; without ``input_dir``, the newest complete one.
+
+        A damaged or partial checkpoint is refused (naming the file); any part that cannot be
+        restored raises, naming it, unless ``strict=False``, which warns once per part.
+        """
+        map_location = (load_kwargs or {}).get("map_location", "cpu")
+        attributes = self._checkpoints.load_state(
+            input_dir,
+            self._checkpoint_contents(for_save=False),
+            map_location=map_location,
+            strict=strict,
+        )
+        self.step = int(attributes.get("step", self.step))
+
     # ------------------------------------------------------------------ tracking
 
     def init_trackers(
@@ -862,7 +968,8 @@ class Accelerator:
         self._trackers.log(values, step=step, log_kwargs=log_kwargs)
 
     def end_training(self) -> None:
-        """Close the trackers and wait for every process."""
+        """Finish a pending asynchronous save, close the trackers and wait for every process."""
+        self._checkpoints.wait()
         self._trackers.finish()
         self.wait_for_everyone()
 
