@@ -60,7 +60,11 @@ def _one_rank_elsewhere() -> str:
     recorder.REPORT_WAIT_S = (1.0, 1.0)  # this worker only: give up on silent ranks quickly
     state = PartialState(timeout=datetime.timedelta(seconds=2))
     if state.process_index == 1:
-        time.sleep(3.5)  # busy outside any collective until rank 0 has given up
+        # busy outside any collective: wait until rank 0 has timed out and published its
+        # record, then stay away longer than its 1 s reporting window
+        store = torch.distributed.distributed_c10d._get_default_store()
+        store.wait(["hasten/flight/0"], datetime.timedelta(seconds=30))
+        time.sleep(1.5)
         return "slept"
     try:
         reduce(torch.ones(2))
