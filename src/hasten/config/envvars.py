@@ -29,6 +29,7 @@ __all__ = [
     "ENV_VARS",
     "EnvVar",
     "env",
+    "env_name",
     "fill_from_env",
     "parse_bool",
     "parse_csv",
@@ -186,12 +187,15 @@ ENV_VARS: dict[str, EnvVar] = _table(
     _flag("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "Compile repeated blocks one at a time."),
     # --- fp8 recipes ------------------------------------------------------------------------
     EnvVar("ACCELERATE_FP8_BACKEND", parse_upper, None, "fp8 library: TE, MSAMP or AO."),
-    _str("ACCELERATE_FP8_OPT_LEVEL", "MS-AMP optimisation level (O1 or O2).", "O2"),
-    _str("ACCELERATE_FP8_FORMAT", "TransformerEngine fp8 format (HYBRID, E4M3, E5M2).", "HYBRID"),
+    EnvVar("ACCELERATE_FP8_OPT_LEVEL", parse_upper, "O2", "MS-AMP optimisation level (O1 or O2)."),
+    EnvVar("ACCELERATE_FP8_FORMAT", parse_upper, "HYBRID", "TE fp8 format (HYBRID, E4M3, E5M2)."),
     _int("ACCELERATE_FP8_MARGIN", "TransformerEngine scaling-factor margin.", 0),
     _int("ACCELERATE_FP8_INTERVAL", "TransformerEngine scaling-factor update interval.", 1),
-    _str(
-        "ACCELERATE_FP8_AMAX_COMPUTE_ALGO", "TE amax algorithm (max, most_recent).", "most_recent"
+    EnvVar(
+        "ACCELERATE_FP8_AMAX_COMPUTE_ALGO",
+        parse_lower,
+        "most_recent",
+        "TE amax algorithm (max, most_recent).",
     ),
     _int("ACCELERATE_FP8_AMAX_HISTORY_LEN", "TransformerEngine amax history length.", 1024),
     _flag("ACCELERATE_FP8_OVERRIDE_FPROP", "TE: run the forward GEMM in higher precision."),
@@ -405,9 +409,15 @@ def env(name: str, **metadata: Any) -> dict[str, Any]:
     return {_ENV_KEY: name, **metadata}
 
 
+def env_name(field: dataclasses.Field[Any]) -> str | None:
+    """Return the variable a dataclass field defaults from (declared with `env`), if any."""
+    name = field.metadata.get(_ENV_KEY)
+    return None if name is None else str(name)
+
+
 def _env_fields(obj: Any) -> Iterable[tuple[str, str]]:
     for field in dataclasses.fields(obj):
-        name = field.metadata.get(_ENV_KEY)
+        name = env_name(field)
         if name is not None:
             yield field.name, name
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from hasten.config import envvars
 from hasten.config.enums import DDPCommunicationHookType, ProfilerActivity
 from hasten.core.constants import PROFILE_PATTERN_NAME
 
@@ -21,12 +23,16 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "AORecipeKwargs",
     "AutocastKwargs",
     "DistributedDataParallelKwargs",
+    "FP8RecipeKwargs",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
     "KwargsHandler",
+    "MSAMPRecipeKwargs",
     "ProfileKwargs",
+    "TERecipeKwargs",
 ]
 
 _MISSING = object()
@@ -36,13 +42,20 @@ _DEFAULTS: dict[type, dict[str, Any]] = {}
 
 
 def _class_defaults(cls: type) -> dict[str, Any]:
-    """Return `{field: default}` for dataclass `cls`, computed once per class."""
+    """Return `{field: default}` for dataclass `cls`, computed once per class.
+
+    A field declared with `env(...)` and a None default counts its variable's unset value
+    (from the env table) as the default, i.e. what the class holds with a clean environment.
+    """
     cached = _DEFAULTS.get(cls)
     if cached is not None:
         return cached
     defaults: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
-        if field.default is not dataclasses.MISSING:
+        variable = envvars.env_name(field)
+        if variable is not None and field.default is None:
+            defaults[field.name] = envvars.ENV_VARS[variable].default
+        elif field.default is not dataclasses.MISSING:
             defaults[field.name] = field.default
         elif field.default_factory is not dataclasses.MISSING:
             defaults[field.name] = field.default_factory()
@@ -413,3 +426,147 @@ class ProfileKwargs(KwargsHandler):
         path.parent.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(path))
         return path
+
+
+def _fp8(suffix: str) -> Any:
+    return dataclasses.field(default=None, metadata=envvars.env(f"ACCELERATE_FP8_{suffix}"))
+
+
+_FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
+_AMAX_ALGOS = ("max", "most_recent")
+_OPT_LEVELS = ("O1", "O2")
+_FP8_BACKENDS = ("MSAMP", "TE")
+
+
+@dataclasses.dataclass
+class AORecipeKwargs(KwargsHandler):
+    """fp8 training with torchao: a `Float8LinearConfig` (or the two options that build one).
+
+    Args:
+        config: a ready `torchao.float8.Float8LinearConfig`; None builds one from the options.
+        module_filter_func: `(module, fqn) -> bool` choosing which Linear layers become fp8.
+        pad_inner_dim: pad inner dimensions to multiples of 16 (ACCELERATE_FP8_PAD_INNER_DIM).
+        enable_fsdp_float8_all_gather: all-gather FSDP2 shards in fp8.
+    """
+
+    config: Any = None
+    module_filter_func: Callable[..., Any] | None = None
+    pad_inner_dim: bool | None = _fp8("PAD_INNER_DIM")
+    enable_fsdp_float8_all_gather: bool | None = _fp8("ENABLE_FSDP_FLOAT8_ALL_GATHER")
+
+    def __post_init__(self) -> None:
+        envvars.fill_from_env(self)
+
+    def build_config(self) -> Any:
+        """Return `config`, or a torchao `Float8LinearConfig` built from the options.
+
+        Raises:
+            ImportError: torchao is not installed.
+        """
+        if self.config is not None:
+            return self.config
+        from hasten.core.imports import require
+
+        # optional: torchao
+        float8 = require("torchao.float8", feature="AORecipeKwargs", pip_name="torchao")
+        return float8.Float8LinearConfig(
+            pad_inner_dim=self.pad_inner_dim,
+            enable_fsdp_float8_all_gather=self.enable_fsdp_float8_all_gather,
+        )
+
+
+@dataclasses.dataclass
+class TERecipeKwargs(KwargsHandler):
+    """fp8 training with NVIDIA TransformerEngine: the delayed-scaling recipe.
+
+    Unset fields come from the ACCELERATE_FP8_* variables. `override_linear_precision` is a
+    (fprop, dgrad, wgrad) triple of "keep this GEMM in higher precision" flags.
+    """
+
+    use_autocast_during_eval: bool | None = _fp8("USE_AUTOCAST_DURING_EVAL")
+    margin: int | None = _fp8("MARGIN")
+    interval: int | None = _fp8("INTERVAL")
+    fp8_format: str | None = _fp8("FORMAT")
+    amax_history_len: int | None = _fp8("AMAX_HISTORY_LEN")
+    amax_compute_algo: str | None = _fp8("AMAX_COMPUTE_ALGO")
+    override_linear_precision: tuple[bool, bool, bool] | None = None
+    use_mxfp8_block_scaling: bool | None = _fp8("USE_MXFP8_BLOCK_SCALING")
+
+    def __post_init__(self) -> None:
+        envvars.fill_from_env(self)
+        self.fp8_format = str(self.fp8_format).upper()
+        if self.fp8_format not in _FP8_FORMATS:
+            raise ValueError(
+                f"{type(self).__name__}(fp8_format={self.fp8_format!r}) must be one of "
+                f"{list(_FP8_FORMATS)}"
+            )
+        self.amax_compute_algo = str(self.amax_compute_algo).lower()
+        if self.amax_compute_algo not in _AMAX_ALGOS:
+            raise ValueError(
+                f"{type(self).__name__}(amax_compute_algo={self.amax_compute_algo!r}) must be one "
+                f"of {list(_AMAX_ALGOS)}"
+            )
+        if self.override_linear_precision is None:
+            self.override_linear_precision = (
+                envvars.setting("ACCELERATE_FP8_OVERRIDE_FPROP"),
+                envvars.setting("ACCELERATE_FP8_OVERRIDE_DGRAD"),
+                envvars.setting("ACCELERATE_FP8_OVERRIDE_WGRAD"),
+            )
+        if len(tuple(self.override_linear_precision)) != 3:
+            raise ValueError(
+                f"{type(self).__name__}(override_linear_precision="
+                f"{self.override_linear_precision!r}) must be three booleans (fprop, dgrad, wgrad)"
+            )
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """Return the changed fields; (False, False, False) precision overrides are the default."""
+        kwargs = super().to_kwargs()
+        if tuple(kwargs.get("override_linear_precision", (True,))) == (False, False, False):
+            del kwargs["override_linear_precision"]
+        return kwargs
+
+
+@dataclasses.dataclass
+class MSAMPRecipeKwargs(KwargsHandler):
+    """fp8 training with MS-AMP: its optimisation level, "O1" or "O2"."""
+
+    opt_level: str | None = _fp8("OPT_LEVEL")
+
+    def __post_init__(self) -> None:
+        envvars.fill_from_env(self)
+        self.opt_level = str(self.opt_level).upper()
+        if self.opt_level not in _OPT_LEVELS:
+            raise ValueError(
+                f"{type(self).__name__}(opt_level={self.opt_level!r}) must be one of "
+                f"{list(_OPT_LEVELS)}"
+            )
+
+
+@dataclasses.dataclass
+class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
+    """Deprecated: one class for TE and MS-AMP recipes; use TERecipeKwargs or MSAMPRecipeKwargs.
+
+    `backend` ("TE" or "MSAMP") defaults to ACCELERATE_FP8_BACKEND, else MSAMP when installed.
+    """
+
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        warnings.warn(
+            "FP8RecipeKwargs is deprecated; use TERecipeKwargs or MSAMPRecipeKwargs",
+            FutureWarning,
+            stacklevel=3,
+        )
+        from hasten.core.imports import is_msamp_available
+
+        if self.backend is None:
+            fallback = "MSAMP" if is_msamp_available() else "TE"
+            self.backend = envvars.setting("ACCELERATE_FP8_BACKEND") or fallback
+        self.backend = str(self.backend).upper()
+        if self.backend not in _FP8_BACKENDS:
+            raise ValueError(
+                f"FP8RecipeKwargs(backend={self.backend!r}) must be 'MSAMP' or 'TE'; for torchao "
+                "use AORecipeKwargs"
+            )
+        TERecipeKwargs.__post_init__(self)
+        MSAMPRecipeKwargs.__post_init__(self)

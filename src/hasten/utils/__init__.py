@@ -80,12 +80,16 @@ _TABLE: dict[str, list[str]] = {
         "SageMakerDistributedType",
     ],
     "hasten.config.kwargs": [
+        "AORecipeKwargs",
         "AutocastKwargs",
         "DistributedDataParallelKwargs",
+        "FP8RecipeKwargs",
         "GradScalerKwargs",
         "InitProcessGroupKwargs",
         "KwargsHandler",
+        "MSAMPRecipeKwargs",
         "ProfileKwargs",
+        "TERecipeKwargs",
     ],
     "hasten.config.project": [
         "DataLoaderConfiguration",

@@ -211,3 +211,9 @@ def test_fill_from_env_with_mapping_and_to_env_round_trip() -> None:
 def test_env_metadata_refuses_unknown_variables() -> None:
     with pytest.raises(ValueError, match="not in hasten's environment-variable table"):
         env("FSDP_VERSON")
+
+
+def test_env_name_reads_field_metadata() -> None:
+    fields = {field.name: field for field in dataclasses.fields(_Plugin)}
+    assert envvars.env_name(fields["version"]) == "FSDP_VERSION"
+    assert envvars.env_name(fields["plain"]) is None

@@ -235,3 +235,100 @@ def test_profile_kwargs_maps_activity_names() -> None:
         torch.profiler.ProfilerActivity.CUDA,
     ]
     assert ProfileKwargs()._torch_activities() is None
+
+
+# --- fp8 recipe kwargs ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def _no_fp8_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.config.envvars import read_prefixed
+
+    for name in read_prefixed("ACCELERATE_FP8_"):
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.usefixtures("_no_fp8_env")
+def test_te_recipe_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = kw.TERecipeKwargs()
+    assert (recipe.margin, recipe.interval, recipe.fp8_format) == (0, 1, "HYBRID")
+    assert (recipe.amax_history_len, recipe.amax_compute_algo) == (1024, "most_recent")
+    assert recipe.override_linear_precision == (False, False, False)
+    assert recipe.to_kwargs() == {}  # env-table defaults count as defaults
+    monkeypatch.setenv("ACCELERATE_FP8_MARGIN", "3")
+    monkeypatch.setenv("ACCELERATE_FP8_FORMAT", "e4m3")
+    monkeypatch.setenv("ACCELERATE_FP8_OVERRIDE_DGRAD", "true")
+    recipe = kw.TERecipeKwargs()
+    assert recipe.to_kwargs() == {
+        "margin": 3,
+        "fp8_format": "E4M3",
+        "override_linear_precision": (False, True, False),
+    }
+
+
+@pytest.mark.usefixtures("_no_fp8_env")
+@pytest.mark.parametrize(
+    ("cls", "options", "match"),
+    [
+        (
+            "TERecipeKwargs",
+            {"fp8_format": "E3M4"},
+            r"fp8_format='E3M4'\) must be one of \['HYBRID'",
+        ),
+        ("TERecipeKwargs", {"amax_compute_algo": "mean"}, r"amax_compute_algo='mean'\)"),
+        ("TERecipeKwargs", {"override_linear_precision": (True,)}, r"must be three booleans"),
+        (
+            "MSAMPRecipeKwargs",
+            {"opt_level": "O3"},
+            r"opt_level='O3'\) must be one of \['O1', 'O2'\]",
+        ),
+    ],
+)
+def test_fp8_recipe_validation(cls: str, options: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        getattr(kw, cls)(**options)
+
+
+@pytest.mark.usefixtures("_no_fp8_env")
+def test_msamp_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert kw.MSAMPRecipeKwargs().opt_level == "O2"
+    assert kw.MSAMPRecipeKwargs(opt_level="o1").to_kwargs() == {"opt_level": "O1"}
+    monkeypatch.setenv("ACCELERATE_FP8_OPT_LEVEL", "O1")
+    assert kw.MSAMPRecipeKwargs().opt_level == "O1"
+
+
+@pytest.mark.usefixtures("_no_fp8_env")
+def test_ao_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = kw.AORecipeKwargs()
+    assert (recipe.pad_inner_dim, recipe.enable_fsdp_float8_all_gather) == (True, True)
+    monkeypatch.setenv("ACCELERATE_FP8_PAD_INNER_DIM", "false")
+    assert kw.AORecipeKwargs().to_kwargs() == {"pad_inner_dim": False}
+    sentinel = object()
+    assert kw.AORecipeKwargs(config=sentinel).build_config() is sentinel
+
+
+@pytest.mark.usefixtures("_no_fp8_env")
+def test_ao_recipe_build_config_needs_torchao(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.core import imports
+
+    if imports.is_torchao_available():
+        pytest.skip("torchao is installed")
+    with pytest.raises(
+        ImportError, match=r"AORecipeKwargs requires 'torchao.float8'.*pip install 'torchao'"
+    ):
+        kw.AORecipeKwargs().build_config()
+
+
+@pytest.mark.usefixtures("_no_fp8_env")
+def test_fp8_recipe_kwargs_is_deprecated_and_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.warns(FutureWarning, match="FP8RecipeKwargs is deprecated"):
+        recipe = kw.FP8RecipeKwargs(backend="te", margin=1)
+    assert (recipe.backend, recipe.margin, recipe.opt_level) == ("TE", 1, "O2")
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "msamp")
+    with pytest.warns(FutureWarning):
+        assert kw.FP8RecipeKwargs().backend == "MSAMP"
+    with (
+        pytest.warns(FutureWarning),
+        pytest.raises(ValueError, match=r"backend='AO'\) must be 'MSAMP' or 'TE'"),
+    ):
+        kw.FP8RecipeKwargs(backend="ao")
