@@ -1,0 +1,265 @@
+"""8-bit and 4-bit quantization of ``nn.Linear`` layers with bitsandbytes (an optional extra).
+
+The linear layers are swapped for bitsandbytes layers (on the meta device when the model is
+empty); weights are quantized as they are loaded onto their device. Modules listed in
+``skip_modules`` / ``keep_in_fp32_modules`` (by default the tied and output layers) stay as
+they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from hasten.big_modeling.device_map import (
+    get_balanced_memory,
+    infer_auto_device_map,
+    validate_device,
+)
+from hasten.big_modeling.dispatch import dispatch_model
+from hasten.big_modeling.init import init_empty_weights
+from hasten.big_modeling.loading import load_checkpoint_in_model
+from hasten.big_modeling.tensors import find_tied_parameters
+from hasten.config.enums import CustomDtype
+from hasten.config.quantization import BnbQuantizationConfig
+from hasten.core.imports import require
+
+__all__ = [
+    "get_keys_to_not_convert",
+    "has_4bit_bnb_layers",
+    "load_and_quantize_model",
+    "replace_with_bnb_layers",
+]
+
+logger = logging.getLogger(__name__)
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _bitsandbytes() -> ModuleType:
+    # optional: bitsandbytes
+    return require("bitsandbytes", feature="load_and_quantize_model", extra="bnb")
+
+
+def _skipped(name: str, skip: list[str]) -> bool:
+    return any(
+        name == key or name.startswith(key + ".") or f".{key}." in f".{name}." for key in skip
+    )
+
+
+def _quantized_linear(
+    bnb: ModuleType, module: nn.Linear, config: BnbQuantizationConfig
+) -> nn.Module:
+    bias = module.bias is not None
+    if config.load_in_8bit:
+        layer = bnb.nn.Linear8bitLt(
+            module.in_features,
+            module.out_features,
+            bias,
+            has_fp16_weights=False,
+            threshold=config.llm_int8_threshold,
+        )
+    else:
+        layer = bnb.nn.Linear4bit(
+            module.in_features,
+            module.out_features,
+            bias,
+            config.bnb_4bit_compute_dtype,
+            compress_statistics=config.bnb_4bit_use_double_quant,
+            quant_type=config.bnb_4bit_quant_type,
+        )
+    layer.weight.data = module.weight.data
+    if bias:
+        layer.bias.data = module.bias.data
+    layer.requires_grad_(False)
+    return layer
+
+
+def replace_with_bnb_layers(
+    model: nn.Module,
+    bnb_quantization_config: BnbQuantizationConfig,
+    modules_to_not_convert: list[str] | None = None,
+    current_key_name: list[str] | None = None,
+) -> nn.Module:
+    """Swap every ``nn.Linear`` (except the skipped ones) for its bitsandbytes counterpart."""
+    bnb = _bitsandbytes()
+    skip = list(modules_to_not_convert or [])
+    prefix = ".".join(current_key_name or [])
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        full = f"{prefix}.{name}" if prefix and name else prefix or name
+        if name and isinstance(module, nn.Linear) and not _skipped(full, skip):
+            parent_name, _, local = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            setattr(parent, local, _quantized_linear(bnb, module, bnb_quantization_config))
+            replaced += 1
+    if not replaced:
+        logger.warning(
+            "no nn.Linear layer was quantized (some architectures, like GPT-2, use Conv1D)"
+        )
+    return model
+
+
+def get_keys_to_not_convert(model: nn.Module) -> list[str]:
+    """Names of modules best left unquantized: tied weights' modules and the output layer."""
+    tied = find_tied_parameters(model)
+    tied_keys = [name for group in tied for name in group]
+    base_prefix = getattr(model, "base_model_prefix", None)
+    is_base_model = bool(base_prefix) and not hasattr(model, base_prefix)  # type: ignore[arg-type]
+    if not tied_keys and is_base_model:
+        return []
+    children = list(model.named_children())
+    if not children:
+        return []
+    keep = {children[-1][0]}
+    for name in tied_keys:
+        keep.add(name.rpartition(".")[0])
+    return sorted(k for k in keep if k)
+
+
+def has_4bit_bnb_layers(model: nn.Module) -> bool:
+    """Whether the model holds bitsandbytes 4-bit linear layers."""
+    bnb = _bitsandbytes()
+    return any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+
+
+def _first_device(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _default_device() -> str | int:
+    return 0 if torch.accelerator.is_available() else "cpu"
+
+
+def _cast_unquantized(model: nn.Module, dtype: torch.dtype, keep_fp32: list[str]) -> None:
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if not param.is_floating_point():
+            continue
+        target = torch.float32 if _skipped(name.rpartition(".")[0], keep_fp32) else dtype
+        param.data = param.data.to(target)
+
+
+def _plan(
+    model: nn.Module,
+    config: BnbQuantizationConfig,
+    device_map: Any,
+    max_memory: dict[int | str, int | str] | None,
+    no_split_module_classes: list[str] | None,
+    keep_fp32: list[str],
+) -> dict[str, Any]:
+    """Plan a map counting quantized weights at 1 byte (8-bit) or half a byte (4-bit)."""
+    if device_map is None:
+        return {"": _default_device()}
+    if isinstance(device_map, dict):
+        for key, device in device_map.items():
+            validate_device(device, key)
+        return device_map
+    if device_map not in _STRATEGIES:
+        raise ValueError(f"device_map={device_map!r} must be a dict or one of {_STRATEGIES!r}")
+    quantized = torch.int8 if config.load_in_8bit else CustomDtype.INT4
+    special: dict[str, Any] = {}
+    for name, param in model.named_parameters():
+        owner = name.rpartition(".")[0]
+        if _skipped(owner, keep_fp32):
+            special[name] = torch.float32
+        elif type(param).__name__ in ("Int8Params", "Params4bit"):
+            special[name] = quantized
+    if device_map != "sequential":
+        max_memory = get_balanced_memory(  # type: ignore[assignment]
+            model,
+            max_memory=max_memory,
+            no_split_module_classes=no_split_module_classes,
+            dtype=config.torch_dtype,
+            special_dtypes=special,
+            low_zero=device_map == "balanced_low_0",
+        )
+    return infer_auto_device_map(
+        model,
+        max_memory=max_memory,
+        no_split_module_classes=no_split_module_classes,
+        dtype=config.torch_dtype,
+        special_dtypes=special,
+    )
+
+
+def load_and_quantize_model(
+    model: nn.Module,
+    bnb_quantization_config: BnbQuantizationConfig,
+    weights_location: str | os.PathLike[str] | None = None,
+    device_map: dict[str, int | str | torch.device] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    offload_state_dict: bool = False,
+) -> nn.Module:
+    """Quantize ``model`` with bitsandbytes; load and dispatch its weights if it is empty.
+
+    A model on the meta device is converted, loaded from ``weights_location`` and dispatched
+    per ``device_map`` (a dict or ``"auto"``/``"balanced"``/...). A loaded model is quantized
+    in place and moved to the first accelerator (or kept on cpu where bitsandbytes runs there).
+
+    Raises:
+        ImportError: bitsandbytes is not installed (the message gives the pip command).
+        TypeError: the config is not a `BnbQuantizationConfig`.
+        ValueError: an empty model without ``weights_location``.
+    """
+    if not isinstance(bnb_quantization_config, BnbQuantizationConfig):
+        raise TypeError(
+            "bnb_quantization_config must be a BnbQuantizationConfig, got "
+            f"{type(bnb_quantization_config).__name__}"
+        )
+    _bitsandbytes()
+    config = bnb_quantization_config
+    skip = (
+        list(config.skip_modules)
+        if config.skip_modules is not None
+        else get_keys_to_not_convert(model)
+    )
+    if config.load_in_4bit and isinstance(device_map, dict) and len(device_map) > 1:
+        # 4-bit layers cannot be offloaded: keep offloaded modules unquantized (cpu is an
+        # offload target only when an accelerator runs the model)
+        runs_on_host = all(str(v) in ("cpu", "disk") for v in device_map.values())
+        offloaded = ("disk",) if runs_on_host else ("cpu", "disk")
+        skip += [k for k, v in device_map.items() if v in offloaded]
+    keep_fp32 = list(config.keep_in_fp32_modules or [])
+    skip += keep_fp32
+    dtype = config.torch_dtype
+    if _first_device(model).type != "meta":
+        logger.warning(
+            "quantizing an already loaded model: build it under init_empty_weights instead"
+        )
+        replace_with_bnb_layers(model, config, modules_to_not_convert=skip)
+        _cast_unquantized(model, dtype, keep_fp32)
+        accelerator = torch.accelerator.current_accelerator()
+        model.to(torch.device(accelerator.type, 0) if accelerator is not None else "cpu")
+        model.__dict__.update(
+            is_loaded_in_8bit=config.load_in_8bit, is_loaded_in_4bit=config.load_in_4bit
+        )
+        return model
+    if weights_location is None:
+        raise ValueError(
+            "the model is on the meta device, so load_and_quantize_model needs "
+            "weights_location= (a checkpoint file, index .json or folder) to load it."
+        )
+    with init_empty_weights():
+        replace_with_bnb_layers(model, config, modules_to_not_convert=skip)
+    planned = _plan(model, config, device_map, max_memory, no_split_module_classes, keep_fp32)
+    load_checkpoint_in_model(
+        model,
+        weights_location,
+        device_map=planned,
+        dtype=dtype,
+        offload_folder=offload_folder,
+        offload_state_dict=offload_state_dict,
+        keep_in_fp32_modules=keep_fp32,
+        offload_8bit_bnb=config.load_in_8bit,
+    )
+    model.__dict__.update(
+        is_loaded_in_8bit=config.load_in_8bit, is_loaded_in_4bit=config.load_in_4bit
+    )
+    return dispatch_model(model, device_map=planned, offload_dir=offload_folder)

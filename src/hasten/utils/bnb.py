@@ -1,0 +1,15 @@
+"""Compatibility path for ``accelerate.utils.bnb``. The code lives in `hasten.big_modeling.quantization`."""
+
+from hasten.big_modeling.quantization import (
+    get_keys_to_not_convert,
+    has_4bit_bnb_layers,
+    load_and_quantize_model,
+    replace_with_bnb_layers,
+)
+
+__all__ = [
+    "get_keys_to_not_convert",
+    "has_4bit_bnb_layers",
+    "load_and_quantize_model",
+    "replace_with_bnb_layers",
+]
