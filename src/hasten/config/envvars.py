@@ -49,6 +49,16 @@ __all__ = [
 _ENV_KEY = "hasten_env"
 
 
+# The spellings launchers actually write, looked up without normalising (read_flag may sit on
+# a per-step path, e.g. debug mode checks before a collective).
+_COMMON_FLAGS = {
+    spelling: truth
+    for words, truth in ((("1", "true", "yes", "on"), True), (("0", "false", "no", "off"), False))
+    for word in words
+    for spelling in (word, word.upper(), word.capitalize())
+}
+
+
 def parse_bool(value: str) -> bool:
     """Parse a truth string (true/false, 1/0, yes/no, on/off, any case)."""
     return bool(str_to_bool(value, to_bool=True))
@@ -327,7 +337,8 @@ def read_flag(name: str, default: bool = False) -> bool:
     value = os.environ.get(name)
     if value is None:
         return default
-    return _parse(name, parse_bool, value)
+    flag = _COMMON_FLAGS.get(value)
+    return _parse(name, parse_bool, value) if flag is None else flag
 
 
 def read_int(name: str, default: int | None = None) -> int | None:
