@@ -23,9 +23,9 @@ from torch import nn
 from hasten.big_modeling.tensors import set_module_tensor_to_device
 
 __all__ = [
-    "SAFETENSORS_DTYPES",
     "OffloadedWeightsLoader",
     "PrefixedDataset",
+    "SAFETENSORS_DTYPES",
     "extract_submodules_state_dict",
     "load_offloaded_weight",
     "load_offloaded_weights",
