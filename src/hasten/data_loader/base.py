@@ -71,6 +71,19 @@ class _SkipOnce(Sampler[Any]):
         return len(self.sampler)  # type: ignore[arg-type]
 
 
+class _Progress:
+    """Where the current iteration stands, updated once per batch.
+
+    ``position`` is None between epochs, k >= 0 once k batches of the epoch were handed out,
+    and -1 once the last batch of the epoch was handed out.
+    """
+
+    __slots__ = ("position",)
+
+    def __init__(self) -> None:
+        self.position: int | None = None
+
+
 class DataLoaderStateMixin:
     """Track where the current iteration stands and tell `GradientState` about it.
 
@@ -219,11 +232,17 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
         self.skip_batches = skip_batches
         self.iteration = iteration
         self._skip_indices = 0
-        # None: between epochs; k >= 0: k batches of epoch `iteration` handed out;
-        # -1: the last batch of the epoch has been handed out.
-        self._position: int | None = None
+        self._progress = _Progress()
         self._epoch_rng: dict[str, torch.Tensor] | None = None
         self._resume: dict[str, Any] | None = None
+
+    @property
+    def _position(self) -> int | None:
+        return self._progress.position
+
+    @_position.setter
+    def _position(self, position: int | None) -> None:
+        self._progress.position = position
 
     # -- index-level skipping --------------------------------------------------------------
 
@@ -274,6 +293,7 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
     def _hand_out(self, fetch: Callable[[], Any], current: Any, position: int) -> Iterator[Any]:
         """Yield ``current`` and the rest, reading one batch ahead to spot the last one."""
         device, non_blocking = self._move_to, getattr(self, "_non_blocking", False)
+        progress = self._progress  # a slotted cell: cheaper than DataLoader.__setattr__
         while True:
             if device is not None:
                 current = send_to_device(current, device, non_blocking=non_blocking)
@@ -281,11 +301,11 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
                 upcoming = fetch()
             except StopIteration:
                 self.end_of_dataloader = True
-                self._position = -1
+                progress.position = -1
                 yield current
                 return
             position += 1
-            self._position = position
+            progress.position = position
             yield current
             current = upcoming
 
