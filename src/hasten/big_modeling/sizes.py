@@ -118,14 +118,20 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return found
 
 
+def _byte_size(dtype: Any) -> int | float:
+    if isinstance(dtype, CustomDtype):
+        return dtype_byte_size(dtype)
+    return dtype_byte_size(resolve_dtype(dtype))
+
+
 class _Sizer:
     """Bytes of one tensor after the optional conversion to ``dtype`` (integers are never cast)."""
 
-    def __init__(self, dtype: str | torch.dtype | None, special: Mapping[str, Any] | None) -> None:
-        self.target = dtype_byte_size(resolve_dtype(dtype)) if dtype is not None else None
-        self.special = (
-            {k: dtype_byte_size(resolve_dtype(v)) for k, v in special.items()} if special else None
-        )
+    def __init__(
+        self, dtype: str | torch.dtype | CustomDtype | None, special: Mapping[str, Any] | None
+    ) -> None:
+        self.target = _byte_size(dtype) if dtype is not None else None
+        self.special = {k: _byte_size(v) for k, v in special.items()} if special else None
         self.cache: dict[torch.dtype, int | float] = {}
 
     def per_element(self, dtype: torch.dtype) -> int | float:
