@@ -268,3 +268,46 @@ def test_zero3_init_context_manager_toggles_and_restores(monkeypatch: pytest.Mon
     with plugin.zero3_init_context_manager(enable=True):
         pass
     assert calls == [False, True]  # already enabled: nothing re-registered
+
+
+def test_long_base64_config_is_not_mistaken_for_a_path() -> None:
+    data = {"zero_optimization": {"stage": 1}, "comment": "x" * 600}
+    encoded = base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
+    assert len(encoded) > 255  # longer than any file name: Path.is_file() raises OSError
+    assert DeepSpeedPlugin(hf_ds_config=encoded).zero_stage == 1
+
+
+def test_fp8_with_msamp_adds_the_msamp_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "msamp")
+    plugin = DeepSpeedPlugin()
+    assert plugin.enable_msamp is True
+    plugin.set_mixed_precision("fp8")
+    assert plugin.deepspeed_config["msamp"] == {"enabled": True, "opt_level": "O1"}
+    assert plugin.deepspeed_config["bf16"] == {"enabled": True}
+
+
+def test_weakref_registers_a_resolved_config_with_transformers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    import hasten.config.deepspeed as module
+
+    events: list[object] = []
+    fake = types.SimpleNamespace(
+        unset_hf_deepspeed_config=lambda: events.append("unset"),
+        HfDeepSpeedConfig=lambda config: events.append(config) or "registered",
+    )
+    monkeypatch.setattr(module, "is_transformers_available", lambda: True)
+    monkeypatch.setattr(module, "is_deepspeed_available", lambda: True)
+    monkeypatch.setattr(module, "require", lambda package, **kw: fake)
+    plugin = DeepSpeedPlugin(zero_stage=3)
+    plugin.set_deepspeed_weakref()
+    assert plugin.dschf == "registered"
+    assert events[0] == "unset"
+    config = events[1]
+    assert isinstance(config, dict)
+    assert config["gradient_accumulation_steps"] == 1
+    assert config["train_micro_batch_size_per_gpu"] == 1
+    assert "train_batch_size" not in config
+    assert plugin.deepspeed_config["train_batch_size"] == "auto"  # the plugin's own copy is kept

@@ -332,3 +332,13 @@ def test_fp8_recipe_kwargs_is_deprecated_and_validated(monkeypatch: pytest.Monke
         pytest.raises(ValueError, match=r"backend='AO'\) must be 'MSAMP' or 'TE'"),
     ):
         kw.FP8RecipeKwargs(backend="ao")
+
+
+def test_bf16_hook_on_a_cpu_build_explains_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    model = _Recorder()
+    for options in ({"comm_hook": "bf16"}, {"comm_hook": "power_sgd", "comm_wrapper": "bf16"}):
+        with pytest.raises(RuntimeError, match=r"needs bf16 all-reduce.*Use comm_hook='fp16'"):
+            DistributedDataParallelKwargs(**options).register_comm_hook(model)  # type: ignore[arg-type]
+    assert model.calls == []

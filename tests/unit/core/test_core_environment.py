@@ -177,3 +177,21 @@ def test_purge_keeps_a_parent_init_subclass_hook() -> None:
 def test_purge_rejects_non_callables() -> None:
     with pytest.raises(TypeError, match=r"expects a function or a class, got 42"):
         purge_accelerate_environment(42)
+
+
+def test_purge_keeps_the_decorated_class_own_init_subclass_hook() -> None:
+    seen: list[str] = []
+
+    @purge_accelerate_environment
+    class Base:
+        def __init_subclass__(cls, **kwargs: object) -> None:
+            super().__init_subclass__(**kwargs)
+            seen.append(cls.__name__)
+
+    class Leaf(Base):
+        def test_y(self) -> None:
+            os.environ["ACCELERATE_T_OWN_HOOK"] = "1"
+
+    assert seen == ["Leaf"]
+    Leaf().test_y()
+    assert "ACCELERATE_T_OWN_HOOK" not in os.environ

@@ -193,3 +193,15 @@ def test_importing_the_module_imports_no_optional_package() -> None:
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_module_without_metadata_or_version_fails_a_min_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    is_package_available.cache_clear()
+    module = types.ModuleType("hasten_fake_unversioned")
+    module.__spec__ = importlib.util.spec_from_loader("hasten_fake_unversioned", loader=None)
+    monkeypatch.setitem(sys.modules, "hasten_fake_unversioned", module)
+    assert is_package_available("hasten_fake_unversioned") is True
+    assert is_package_available("hasten_fake_unversioned", "1.0") is False
+    is_package_available.cache_clear()
