@@ -284,7 +284,7 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
                 return
             if restore_rng is not None:
                 torch.set_rng_state(restore_rng)
-            yield from self._hand_out(fetch, current, skip)
+            yield from self._hand_out(fetch, current, skip + self._offset)
             self.iteration += 1
             self._position = None
         finally:
@@ -330,10 +330,14 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
         states = {f"{k}_generator": g.get_state() for k, g in self._generators().items()}
         states["torch"] = torch.get_rng_state()
         self._epoch_rng = states
+        if self._origin is not None:
+            self._origin._epoch_rng = states
 
     def _start_epoch(self) -> tuple[int, torch.Tensor | None]:
         """Prepare an iteration; return (batches to skip, global RNG state to restore)."""
         resume, self._resume = self._resume, None
+        if self._origin is not None:
+            resume = self._adopt_origin(resume)
         if resume is None:
             self._sync_rng()
             self.set_epoch(self.iteration)
@@ -348,7 +352,36 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
             torch.set_rng_state(rng["torch"])
         self.set_epoch(self.iteration)
         self._capture_epoch_rng()
-        return int(resume["batches_yielded"]), current
+        return int(resume["batches_yielded"]) or self.skip_batches, current
+
+    # -- skip copies -------------------------------------------------------------------------
+
+    _origin: ResumableDataLoader | None = None  # the loader a skip_first_batches copy continues
+    _offset = 0  # batches the copy's batch sampler drops before this loader counts any
+
+    def _follow(self, origin: ResumableDataLoader, offset: int) -> None:
+        """Make this `skip_first_batches` copy continue ``origin``'s epochs.
+
+        A position loaded into ``origin`` is replayed here (same order and RNG; the copy's own
+        skip replaces the saved count, so nothing is skipped twice), and ``origin.state_dict()``
+        reports the copy's progress, so a checkpoint taken while iterating the copy resumes.
+        """
+        self._origin, self._offset, self._progress = origin, offset, origin._progress
+
+    def _adopt_origin(self, resume: dict[str, Any] | None) -> dict[str, Any] | None:
+        origin = self._origin
+        assert origin is not None  # noqa: S101 - only called for skip copies
+        self.iteration = origin.iteration
+        if resume is None and origin._resume is not None:
+            resume = {**origin._resume, "batches_yielded": self.skip_batches}
+            origin._resume = None
+        return resume
+
+    def end(self) -> None:
+        """Unregister from `GradientState`; a skip copy hands its epoch count to its origin."""
+        super().end()
+        if self._origin is not None:
+            self._origin.iteration = self.iteration
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of this loader, its (batch) sampler and dataset when they listen."""
@@ -392,6 +425,17 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
         self.iteration = int(state_dict["epoch"])
         self._position = None
         self._resume = dict(state_dict) if state_dict["batches_yielded"] else None
+
+    def _take_resume(self) -> dict[str, Any] | None:
+        """Hand a loaded-but-unused resume point over to a copy (see `skip_first_batches`).
+
+        The copy finishes the interrupted epoch; this loader moves on to the next one.
+        """
+        resume, self._resume = self._resume, None
+        if resume is None:
+            return None
+        self.iteration = int(resume["epoch"]) + 1
+        return resume
 
     # -- samplers ----------------------------------------------------------------------------
 

@@ -115,7 +115,22 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Dat
     Args:
         dataloader: a prepared (`DataLoaderShard`, `DataLoaderDispatcher`) or plain loader.
         num_batches: how many batches (as this process sees them) to skip.
+
+    Returns:
+        The copy; after ``load_state`` it replays the saved epoch exactly (same shuffle and
+        RNG), and ``dataloader`` itself moves on to the following epoch.
     """
+    resume = dataloader._take_resume() if isinstance(dataloader, ResumableDataLoader) else None
+    skipped = _rebuild(dataloader, num_batches)
+    if resume is not None and isinstance(skipped, ResumableDataLoader):
+        # A checkpoint was loaded into `dataloader`: the copy replays that epoch's shuffle and
+        # RNG exactly, skipping `num_batches` (the caller's count wins over the saved one).
+        skipped.iteration = int(resume["epoch"])
+        skipped._resume = dict(resume, batches_yielded=0)
+    return skipped
+
+
+def _rebuild(dataloader: DataLoader[Any], num_batches: int) -> DataLoader[Any]:
     kwargs = dataloader_kwargs(dataloader)
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
@@ -126,7 +141,7 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Dat
             if iterable
             else {"batch_sampler": dataloader.batch_sampler}
         )
-        return DataLoaderDispatcher(
+        dispatcher = DataLoaderDispatcher(
             dataset,
             split_batches=dataloader.split_batches,
             skip_batches=num_batches,
@@ -137,9 +152,11 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Dat
             **whole,
             **kwargs,
         )
+        dispatcher._follow(dataloader, 0)
+        return dispatcher
     sampling = _sampling_kwargs(dataloader, num_batches)
     if isinstance(dataloader, DataLoaderShard):
-        return DataLoaderShard(
+        shard = DataLoaderShard(
             dataset,
             device=dataloader.device,
             rng_types=dataloader.rng_types,
@@ -151,6 +168,9 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Dat
             **sampling,
             **kwargs,
         )
+        # A map-style copy drops the batches in its batch sampler; an iterable one counts them.
+        shard._follow(dataloader, 0 if iterable else num_batches)
+        return shard
     if iterable:
         return SkipDataLoader(dataset, skip_batches=num_batches, **sampling, **kwargs)
     return DataLoader(dataset, **sampling, **kwargs)

@@ -92,3 +92,30 @@ def test_skip_data_loader_len() -> None:
     loader = SkipDataLoader(torch.arange(10), skip_batches=2, batch_size=3)
     assert len(loader) == 2
     assert [b.tolist() for b in loader] == [[6, 7, 8], [9]]
+
+
+def _shuffled(seed: int) -> DataLoaderShard:
+    torch.manual_seed(seed)
+    return prepare_data_loader(DataLoader(torch.arange(9.0), batch_size=2, shuffle=True))  # type: ignore[return-value]
+
+
+def test_after_load_state_dict_the_copy_replays_the_epoch_and_the_original_moves_on() -> None:
+    """The Accelerate recipe: load_state, then skip_first_batches for the first epoch only."""
+
+    def epoch(loader: DataLoader) -> list[tuple[list[float], float]]:  # type: ignore[type-arg]
+        return [(b.tolist(), torch.rand(1).item()) for b in loader]
+
+    straight_loader = _shuffled(0)
+    straight = epoch(straight_loader) + epoch(straight_loader)
+    loader = _shuffled(0)
+    seen = []
+    for step, batch in enumerate(loader):
+        seen.append((batch.tolist(), torch.rand(1).item()))
+        if step == 1:
+            state, rng = loader.state_dict(), torch.get_rng_state()
+            break
+    fresh = _shuffled(7)
+    fresh.load_state_dict(state)
+    torch.set_rng_state(rng)
+    copy = skip_first_batches(fresh, 2)
+    assert seen + epoch(copy) + epoch(fresh) == straight
