@@ -8,14 +8,19 @@ Code above `core` reads settings through `hasten.config.envvars`; these helpers 
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TypeVar, cast, overload
 
 __all__ = [
     "ACCELERATE_PREFIX",
+    "are_libraries_initialized",
     "clear_environment",
+    "convert_dict_to_env_variables",
+    "get_int_from_env",
     "parse_choice_from_env",
     "parse_flag_from_env",
     "patch_environment",
@@ -33,6 +38,10 @@ _FALSE = frozenset({"n", "no", "f", "false", "off", "0"})
 _PURGED_MARK = "_hasten_purges_accelerate_environment"
 
 T = TypeVar("T")
+
+_FORBIDDEN_IN_ENV_LINES = (";", "\n", "<", ">", " ")
+
+logger = logging.getLogger(__name__)
 
 
 @overload
@@ -78,6 +87,48 @@ def parse_flag_from_env(key: str, default: bool = False) -> bool:
 def parse_choice_from_env(key: str, default: str = "no") -> str:
     """Return environment variable `key` as a string, or `str(default)` when it is unset."""
     return os.environ.get(key, str(default))
+
+
+def get_int_from_env(env_keys: list[str] | tuple[str, ...], default: int) -> int:
+    """Return the first of `env_keys` set to a non-negative integer, else `default`.
+
+    Raises:
+        ValueError: one of the variables holds something that is not an integer.
+    """
+    for key in env_keys:
+        raw = os.environ.get(key)
+        if raw is None:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(
+                f"environment variable {key}={raw!r} is not an integer; fix or unset it"
+            ) from None
+        if value >= 0:
+            return value
+    return default
+
+
+def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
+    """Return `KEY=value\n` lines for an env file, skipping (with a warning) unsafe entries.
+
+    An entry is skipped when its key or value is empty or contains `;`, a newline, `<`, `>` or a
+    space, since those would break or inject into the shell file it is written to.
+    """
+    lines = []
+    for key, value in current_env.items():
+        text = f"{key}{value}"
+        if key and value and not any(char in text for char in _FORBIDDEN_IN_ENV_LINES):
+            lines.append(f"{key}={value}\n")
+        else:
+            logger.warning("Skipping %s=%r: empty, or contains ; < > space or newline", key, value)
+    return lines
+
+
+def are_libraries_initialized(*library_names: str) -> list[str]:
+    """Return the names among `library_names` that are already imported in this process."""
+    return [name for name in library_names if name in sys.modules]
 
 
 class _EnvironmentPatch:

@@ -42,7 +42,10 @@ _TABLE: dict[str, list[str]] = {
     ],
     "hasten.core.versions": ["compare_versions", "is_torch_version"],
     "hasten.core.environment": [
+        "are_libraries_initialized",
         "clear_environment",
+        "convert_dict_to_env_variables",
+        "get_int_from_env",
         "parse_choice_from_env",
         "parse_flag_from_env",
         "patch_environment",

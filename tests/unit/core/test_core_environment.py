@@ -195,3 +195,34 @@ def test_purge_keeps_the_decorated_class_own_init_subclass_hook() -> None:
     assert seen == ["Leaf"]
     Leaf().test_y()
     assert "ACCELERATE_T_OWN_HOOK" not in os.environ
+
+
+def test_get_int_from_env_takes_the_first_non_negative(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.core.environment import get_int_from_env
+
+    monkeypatch.delenv("HASTEN_T_A", raising=False)
+    monkeypatch.setenv("HASTEN_T_B", "-1")
+    monkeypatch.setenv("HASTEN_T_C", "3")
+    assert get_int_from_env(["HASTEN_T_A", "HASTEN_T_B", "HASTEN_T_C"], 7) == 3
+    assert get_int_from_env(["HASTEN_T_A", "HASTEN_T_B"], 7) == 7
+    monkeypatch.setenv("HASTEN_T_A", "x")
+    with pytest.raises(ValueError, match=r"HASTEN_T_A='x' is not an integer"):
+        get_int_from_env(["HASTEN_T_A"], 0)
+
+
+def test_convert_dict_to_env_variables_skips_unsafe_entries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from hasten.core.environment import convert_dict_to_env_variables
+
+    lines = convert_dict_to_env_variables(
+        {"ACCELERATE_DEBUG_MODE": "1", "BAD": "<mything", "EMPTY": "", "OTHER_ENV": "2"}
+    )
+    assert lines == ["ACCELERATE_DEBUG_MODE=1\n", "OTHER_ENV=2\n"]
+    assert "Skipping BAD='<mything'" in caplog.text
+
+
+def test_are_libraries_initialized() -> None:
+    from hasten.core.environment import are_libraries_initialized
+
+    assert are_libraries_initialized("os", "hasten_not_imported_lib") == ["os"]
