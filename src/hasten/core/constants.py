@@ -7,6 +7,7 @@ they are kept verbatim.
 from __future__ import annotations
 
 __all__ = [
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
     "MODEL_NAME",
     "OPTIMIZER_NAME",
     "PROFILE_PATTERN_NAME",
@@ -18,10 +19,13 @@ __all__ = [
     "SAMPLER_NAME",
     "SCALER_NAME",
     "SCHEDULER_NAME",
+    "TORCH_DISTRIBUTED_OPERATION_TYPES",
     "TORCH_DYNAMO_MODES",
+    "TORCH_LAUNCH_PARAMS",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",
+    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
 ]
 
 # Written by Accelerator.save_state().
@@ -46,3 +50,51 @@ PROFILE_PATTERN_NAME = "profile_{suffix}.json"
 
 # Modes accepted by torch.compile(mode=...).
 TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+# Oldest torch whose profiler knows these device activities.
+XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
+MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
+
+# Arguments `hasten launch` forwards to torch.distributed.run as they are.
+TORCH_LAUNCH_PARAMS = (
+    "nnodes",
+    "nproc_per_node",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "rdzv_conf",
+    "standalone",
+    "max_restarts",
+    "monitor_interval",
+    "start_method",
+    "role",
+    "module",
+    "m",
+    "no_python",
+    "run_path",
+    "log_dir",
+    "r",
+    "redirects",
+    "t",
+    "tee",
+    "node_rank",
+    "master_addr",
+    "master_port",
+)
+
+# Distributed types (by value) whose collectives go through torch.distributed.
+TORCH_DISTRIBUTED_OPERATION_TYPES = (
+    "DEEPSPEED",
+    "MULTI_GPU",
+    "FSDP",
+    "MEGATRON_LM",
+    "TP",
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+    "MULTI_XPU",
+    "MULTI_CPU",
+    "MULTI_HPU",
+    "MULTI_NEURON",
+)

@@ -11,13 +11,21 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any, TypeVar
 
 from hasten.core.environment import parse_flag_from_env
-from hasten.core.versions import compare_versions
+from hasten.core.versions import compare_versions, is_torch_version
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
+    "deepspeed_required",
+    "is_4bit_bnb_available",
+    "is_8bit_bnb_available",
     "is_aim_available",
+    "is_amdsmi_available",
     "is_bitsandbytes_available",
     "is_bnb_available",
     "is_boto3_available",
@@ -26,6 +34,9 @@ __all__ = [
     "is_datasets_available",
     "is_deepspeed_available",
     "is_dvclive_available",
+    "is_fp8_available",
+    "is_import_timer_available",
+    "is_lomo_available",
     "is_matplotlib_available",
     "is_megatron_lm_available",
     "is_mlflow_available",
@@ -34,6 +45,7 @@ __all__ = [
     "is_package_available",
     "is_pandas_available",
     "is_peft_available",
+    "is_pippy_available",
     "is_pynvml_available",
     "is_pytest_available",
     "is_rich_available",
@@ -43,6 +55,7 @@ __all__ = [
     "is_swanlab_available",
     "is_tensorboard_available",
     "is_timm_available",
+    "is_torch_distributed_available",
     "is_torchao_available",
     "is_torchdata_available",
     "is_torchdata_stateful_dataloader_available",
@@ -53,7 +66,9 @@ __all__ = [
     "is_transformers_available",
     "is_triton_available",
     "is_wandb_available",
+    "is_weights_only_available",
     "require",
+    "torchao_required",
 ]
 
 # Import name -> distribution names to look up for its version, when they differ.
@@ -313,3 +328,72 @@ def is_triton_available() -> bool:
 def is_wandb_available() -> bool:
     """Return whether `wandb` is installed."""
     return _available("wandb")
+
+
+def is_4bit_bnb_available() -> bool:
+    """Return whether bitsandbytes supports 4-bit layers (>= 0.39.0)."""
+    return _available("bitsandbytes", "0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    """Return whether bitsandbytes supports 8-bit layers (>= 0.37.2)."""
+    return _available("bitsandbytes", "0.37.2")
+
+
+def is_amdsmi_available() -> bool:
+    """Return whether AMD's `amdsmi` is installed."""
+    return _available("amdsmi")
+
+
+def is_fp8_available() -> bool:
+    """Return whether any fp8 backend (MS-AMP, TransformerEngine, torchao) is installed."""
+    return is_msamp_available() or is_transformer_engine_available() or is_torchao_available()
+
+
+def is_import_timer_available() -> bool:
+    """Return whether `import_timer` is installed."""
+    return _available("import_timer")
+
+
+def is_lomo_available() -> bool:
+    """Return whether `lomo_optim` is installed."""
+    return _available("lomo_optim")
+
+
+def is_pippy_available() -> bool:
+    """Return whether pipeline parallelism (torch.distributed.pipelining, torch >= 2.4) exists."""
+    return is_torch_version(">=", "2.4.0")
+
+
+def is_torch_distributed_available() -> bool:
+    """Return whether this torch build includes torch.distributed."""
+    import torch.distributed
+
+    return bool(torch.distributed.is_available())
+
+
+def is_weights_only_available() -> bool:
+    """Return whether `torch.load(weights_only=True)` is usable (torch >= 2.4)."""
+    return is_torch_version(">=", "2.4.0")
+
+
+def _requiring(package: str, extra: str | None) -> Callable[[F], F]:
+    def decorator(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            require(package, feature=f"{func.__qualname__}()", extra=extra)
+            return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def deepspeed_required(func: F) -> F:
+    """Decorate `func` so calling it without deepspeed raises an ImportError with the fix."""
+    return _requiring("deepspeed", "deepspeed")(func)
+
+
+def torchao_required(func: F) -> F:
+    """Decorate `func` so calling it without torchao raises an ImportError with the fix."""
+    return _requiring("torchao", None)(func)

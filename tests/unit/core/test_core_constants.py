@@ -24,3 +24,11 @@ def test_patterns_format_with_a_suffix() -> None:
     assert constants.SAFE_WEIGHTS_PATTERN_NAME.format(suffix="_1") == "model_1.safetensors"
     assert constants.PROFILE_PATTERN_NAME.format(suffix=0) == "profile_0.json"
     assert "default" in constants.TORCH_DYNAMO_MODES
+
+
+def test_launcher_and_profiling_constants() -> None:
+    assert {"nproc_per_node", "rdzv_backend", "max_restarts"} <= set(constants.TORCH_LAUNCH_PARAMS)
+    assert "MULTI_CPU" in constants.TORCH_DISTRIBUTED_OPERATION_TYPES
+    assert "NO" not in constants.TORCH_DISTRIBUTED_OPERATION_TYPES
+    assert constants.XPU_PROFILING_AVAILABLE_PYTORCH_VERSION == "2.4.0"
+    assert constants.MITA_PROFILING_AVAILABLE_PYTORCH_VERSION == "2.1.0"

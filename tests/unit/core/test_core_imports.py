@@ -205,3 +205,63 @@ def test_module_without_metadata_or_version_fails_a_min_version(
     assert is_package_available("hasten_fake_unversioned") is True
     assert is_package_available("hasten_fake_unversioned", "1.0") is False
     is_package_available.cache_clear()
+
+
+def test_bnb_feature_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(
+        imports,
+        "_available",
+        lambda name, min_version=None: asked.append((name, min_version)) or True,
+    )
+    assert imports.is_4bit_bnb_available() and imports.is_8bit_bnb_available()
+    assert imports.is_amdsmi_available() and imports.is_lomo_available()
+    assert imports.is_import_timer_available()
+    assert asked == [
+        ("bitsandbytes", "0.39.0"),
+        ("bitsandbytes", "0.37.2"),
+        ("amdsmi", None),
+        ("lomo_optim", None),
+        ("import_timer", None),
+    ]
+
+
+def test_fp8_available_means_any_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    present: set[str] = set()
+    monkeypatch.setattr(imports, "_available", lambda name, min_version=None: name in present)
+    assert imports.is_fp8_available() is False
+    present.add("torchao")
+    assert imports.is_fp8_available() is True
+
+
+def test_torch_feature_checks() -> None:
+    import torch.distributed
+
+    assert imports.is_torch_distributed_available() is torch.distributed.is_available()
+    assert imports.is_pippy_available() is True  # torch >= 2.4 is a hard requirement
+    assert imports.is_weights_only_available() is True
+
+
+def test_required_decorators(monkeypatch: pytest.MonkeyPatch) -> None:
+    @imports.deepspeed_required
+    def engine(x: int) -> int:
+        """Doc kept."""
+        return x + 1
+
+    @imports.torchao_required
+    def quantize() -> str:
+        return "ok"
+
+    assert engine.__doc__ == "Doc kept."
+    monkeypatch.setattr(imports, "is_package_available", lambda name, min_version=None: False)
+    with pytest.raises(
+        ImportError,
+        match=r"test_required_decorators.<locals>.engine\(\) requires 'deepspeed'.*hasten\[deepspeed\]",
+    ):
+        engine(1)
+    with pytest.raises(ImportError, match=r"requires 'torchao'.*pip install 'torchao'"):
+        quantize()
+    monkeypatch.setattr(imports, "is_package_available", lambda name, min_version=None: True)
+    monkeypatch.setattr(imports.importlib, "import_module", lambda name: types.ModuleType(name))
+    assert engine(1) == 2
+    assert quantize() == "ok"
