@@ -41,7 +41,9 @@ def test_timeout_reports_every_rank_operation_and_call_site() -> None:
     gather_site = f"test_hang_report_distributed.py:{_line_of('# site: gather')}"
     wait_site = f"test_hang_report_distributed.py:{_line_of('# site: wait')}"
     for rank, message in enumerate(run_distributed(_diverge, timeout=45)):
-        assert f"timed out after 2s on rank {rank}" in message
+        # the first rank to time out closes its connections; the other may see that first
+        assert f"on rank {rank}. What each rank was doing" in message
+        assert "timed out after 2s" in message or "a peer closed its connection" in message
         lines = message.splitlines()
         row0 = next(line for line in lines if line.startswith("0 "))
         row1 = next(line for line in lines if line.startswith("1 "))

@@ -26,6 +26,7 @@ __all__ = [
     "REPORT_WAIT_S",
     "describe",
     "guarded",
+    "is_peer_lost_error",
     "is_timeout_error",
     "reset",
     "sequence_number",
@@ -40,6 +41,13 @@ _DONE = "hasten/flight/read"
 # clamped to this range (peers blocked in a collective time out within about that long).
 REPORT_WAIT_S = (5.0, 60.0)
 _TIMEOUT_WORDS = ("timed out", "timeout", "time out")
+# When one rank's collective times out, gloo closes its connections and the peers see these a
+# few milliseconds before their own timeout would fire; a crashed peer looks the same.
+_PEER_LOST_WORDS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "remote process exited",
+)
 _seq = 0
 
 
@@ -70,7 +78,7 @@ def sequence_number() -> int:
 
 
 def guarded(op: str, fn: Callable[[], T], *, shapes: Any = None) -> T:
-    """Run the collective ``fn``; if it times out, raise a table of what every rank was doing.
+    """Run the collective ``fn``; if it times out (or loses a peer), raise what every rank was doing.
 
     Args:
         op: the user-facing operation name (``gather``, ``wait_for_everyone``, ...).
@@ -78,7 +86,8 @@ def guarded(op: str, fn: Callable[[], T], *, shapes: Any = None) -> T:
         shapes: a string, or the data being communicated; summarised only if a timeout happens.
 
     Raises:
-        CollectiveTimeoutError: ``fn`` raised a timeout (gloo or NCCL); chained to the original.
+        CollectiveTimeoutError: ``fn`` timed out (gloo or NCCL) or a peer closed the connection;
+            chained to the original error.
     """
     global _seq
     _seq += 1
@@ -86,7 +95,7 @@ def guarded(op: str, fn: Callable[[], T], *, shapes: Any = None) -> T:
     try:
         return fn()
     except RuntimeError as err:
-        if not is_timeout_error(err):
+        if not (is_timeout_error(err) or is_peer_lost_error(err)):
             raise
         # The callers' frames are still live here, so the call site costs nothing until needed.
         raise _explain(op, describe(shapes), _call_site(sys._getframe(1)), seq, err) from err
@@ -105,6 +114,14 @@ def is_timeout_error(err: BaseException) -> bool:
         return False
     message = str(err).lower()
     return any(word in message for word in _TIMEOUT_WORDS)
+
+
+def is_peer_lost_error(err: BaseException) -> bool:
+    """Return True when ``err`` says a peer closed its connection (it timed out or died)."""
+    if isinstance(err, CollectiveTimeoutError):
+        return False
+    message = str(err).lower()
+    return any(word in message for word in _PEER_LOST_WORDS)
 
 
 def describe(data: Any, limit: int = 80) -> str:
@@ -214,8 +231,13 @@ def _explain(op: str, shapes: str, site: str, seq: int, err: BaseException) -> E
         if silent
         else ""
     )
+    what = (
+        f"timed out{after}"
+        if is_timeout_error(err)
+        else "failed: a peer closed its connection (its collective timed out, or it died)"
+    )
     message = (
-        f"Collective `{op}` timed out{after} on rank {rank}. What each rank was doing:\n"
+        f"Collective `{op}` {what} on rank {rank}. What each rank was doing:\n"
         f"{_table(records, world_size)}{hint}{note}\n"
         "Every rank must call the same collectives in the same order with matching shapes. "
         "Raise the limit with InitProcessGroupKwargs(timeout=...) if the work is just slow; "

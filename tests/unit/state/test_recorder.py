@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from hasten.state import recorder
-from hasten.state.recorder import CollectiveTimeoutError, describe, guarded, is_timeout_error
+from hasten.state.recorder import (
+    CollectiveTimeoutError,
+    describe,
+    guarded,
+    is_peer_lost_error,
+    is_timeout_error,
+)
 
 
 def test_guarded_returns_result_and_counts() -> None:
@@ -52,6 +58,22 @@ def test_is_timeout_error() -> None:
     assert is_timeout_error(RuntimeError("Watchdog caught collective operation timeout: WorkNCCL"))
     assert not is_timeout_error(RuntimeError("Connection closed by peer"))
     assert not is_timeout_error(CollectiveTimeoutError("timed out"))
+
+
+def test_is_peer_lost_error() -> None:
+    assert is_peer_lost_error(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1"))
+    assert not is_peer_lost_error(RuntimeError("Timed out waiting 2000ms"))
+    assert not is_peer_lost_error(CollectiveTimeoutError("Connection closed by peer"))
+
+
+def test_guarded_explains_a_lost_peer() -> None:
+    def closed() -> None:
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:5")
+
+    with pytest.raises(
+        CollectiveTimeoutError, match=r"`reduce` failed: a peer closed its connection"
+    ):
+        guarded("reduce", closed)
 
 
 def test_describe() -> None:
