@@ -57,15 +57,17 @@ def dataloader_kwargs(dataloader: DataLoader[Any]) -> dict[str, Any]:
 
 
 class _SkipOnce(Sampler[Any]):
-    """Index sampler that drops its first ``skip`` items on the first pass only."""
+    """Index sampler that drops its first ``skip`` items on the first pass that is read."""
 
     def __init__(self, sampler: Iterable[Any], skip: int) -> None:
         self.sampler = sampler
         self.skip = skip
 
     def __iter__(self) -> Iterator[Any]:
+        # A generator, so nothing happens until the first index is read: worker-based
+        # iterators call iter() twice before reading, and the skip belongs to the pass read.
         skip, self.skip = self.skip, 0
-        return islice(iter(self.sampler), skip, None)
+        yield from islice(iter(self.sampler), skip, None)
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]

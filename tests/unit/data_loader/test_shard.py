@@ -135,6 +135,20 @@ def test_resume_mid_epoch_is_exact(stop: tuple[int, int]) -> None:
     assert first + rest == straight
 
 
+def test_resume_with_worker_processes() -> None:
+    # Worker iterators read the index sampler twice before starting: the skip must survive.
+    def loader() -> DataLoaderShard:
+        return DataLoaderShard(_dataset(12), batch_size=2, num_workers=2, persistent_workers=True)
+
+    first = loader()
+    iterator = iter(first)
+    next(iterator), next(iterator)
+    resumed = loader()
+    resumed.load_state_dict(first.state_dict())
+    assert [_values(b) for b in resumed] == [[4, 5], [6, 7], [8, 9], [10, 11]]
+    assert len(list(resumed)) == 6  # the next epoch is whole again
+
+
 def test_state_dict_reports_position_and_epoch() -> None:
     loader = DataLoaderShard(_dataset(6), batch_size=2)
     assert loader.state_dict() == {"epoch": 0, "batches_yielded": 0}
