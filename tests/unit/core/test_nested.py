@@ -242,3 +242,14 @@ def test_convert_outputs_to_fp32_is_picklable_and_unwrappable() -> None:
     assert clone(torch.ones(2))["out"].dtype == torch.float32
     wrapper = pickle.loads(pickle.dumps(convert_outputs_to_fp32(torch.Tensor.half)))
     assert wrapper(torch.ones(1)).dtype == torch.float32
+
+
+def test_convert_outputs_to_fp32_bound_as_method() -> None:
+    from types import MethodType
+
+    model = Module()
+    model.forward = MethodType(convert_outputs_to_fp32(Module.forward), model)
+    assert model(torch.ones(2))["out"].dtype == torch.float32
+    assert model.forward.__func__.__wrapped__ is Module.forward
+    clone = pickle.loads(pickle.dumps(model))
+    assert torch.equal(clone(torch.ones(2))["out"].float(), torch.full((2,), 2.0))
