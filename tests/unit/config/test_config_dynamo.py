@@ -102,3 +102,20 @@ def test_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", "perhaps")
     with pytest.raises(ValueError, match="ACCELERATE_DYNAMO_USE_FULLGRAPH='perhaps'"):
         TorchDynamoPlugin()
+
+
+def test_launcher_round_trip_through_environment_variables() -> None:
+    from hasten.config.envvars import to_env
+    from hasten.core.environment import patch_environment
+
+    plugin = TorchDynamoPlugin(
+        backend="inductor",  # type: ignore[arg-type]
+        mode="max-autotune",
+        fullgraph=True,
+        dynamic=False,
+        use_regional_compilation=True,
+    )
+    exported = to_env(plugin)
+    assert exported["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
+    with patch_environment(**exported):
+        assert TorchDynamoPlugin() == plugin

@@ -119,3 +119,22 @@ def test_set_scheduler_args() -> None:
     args = plugin.megatron_lm_default_args
     assert (args["train_iters"], args["lr_warmup_iters"], args["train_samples"]) == (50, 5, None)
     assert args["lr_decay_style"] == "linear"
+
+
+def test_launcher_round_trip_through_environment_variables() -> None:
+    from hasten.config.envvars import to_env
+    from hasten.core.environment import patch_environment
+
+    plugin = MegatronLMPlugin(
+        tp_degree=2,
+        pp_degree=2,
+        sequence_parallelism=True,
+        recompute_method="block",
+        hidden_dropout=0.1,
+    )
+    exported = to_env(plugin)
+    assert exported["MEGATRON_LM_TP_DEGREE"] == "2"
+    assert "MEGATRON_LM_DECODER_LAST_PIPELINE_NUM_LAYERS" not in exported  # unset stays unset
+    with patch_environment(**exported):
+        again = MegatronLMPlugin()
+    assert again.megatron_lm_default_args == plugin.megatron_lm_default_args
