@@ -177,6 +177,7 @@ _TABLE: dict[str, list[str]] = {
         "pad_input_tensors",
         "reduce",
     ],
+    "hasten.ops.debug": ["DistributedOperationException", "verify_operation"],
     "hasten.ops.random": ["set_seed", "synchronize_rng_state", "synchronize_rng_states"],
     "hasten.state": ["is_initialized", "wait_for_everyone"],
     "hasten.precision.amp": ["get_grad_scaler", "get_mixed_precision_context_manager"],
