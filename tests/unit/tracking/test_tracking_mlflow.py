@@ -7,10 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("mlflow", reason="mlflow (or mlflow-skinny) is an optional extra")
+from hasten.core.imports import is_package_available
+from hasten.tracking.manager import TrackerManager
+from hasten.tracking.mlflow import MLflowTracker
 
-from hasten.tracking.manager import TrackerManager  # noqa: E402
-from hasten.tracking.mlflow import MLflowTracker  # noqa: E402
+pytestmark = pytest.mark.skipif(
+    not is_package_available("mlflow"), reason="mlflow (or mlflow-skinny) is an optional extra"
+)
 
 
 @pytest.fixture

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("tensorboard", reason="tensorboard is an optional extra")
+from hasten.core.imports import is_package_available
+from hasten.tracking.manager import TrackerManager
+from hasten.tracking.tensorboard import TensorBoardTracker
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
-from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402
-
-from hasten.tracking.manager import TrackerManager  # noqa: E402
-from hasten.tracking.tensorboard import TensorBoardTracker  # noqa: E402
+pytestmark = pytest.mark.skipif(
+    not is_package_available("tensorboard"), reason="tensorboard is an optional extra"
+)
 
 
-def _load(run_dir: Path) -> EventAccumulator:
+def _load(run_dir: Path) -> Any:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0, "images": 0})
     acc.Reload()
     return acc
@@ -59,6 +62,8 @@ def test_hparams_are_flattened_into_the_same_run(tmp_path: Path) -> None:
     tracker.start()
     tracker.store_init_configuration({"lr": 0.01, "opt": {"name": "adam", "betas": [0.9, 0.99]}})
     tracker.finish()
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
     acc = _load(tmp_path / "proj")
     content = acc.SummaryMetadata("_hparams_/session_start_info").plugin_data.content
     info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info

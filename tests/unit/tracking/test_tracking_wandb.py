@@ -10,9 +10,12 @@ import pytest
 import torch
 from _tracking_records import iter_records
 
-pytest.importorskip("wandb", reason="wandb is an optional extra")
+from hasten.core.imports import is_package_available
+from hasten.tracking.manager import TrackerManager
 
-from hasten.tracking.manager import TrackerManager  # noqa: E402
+pytestmark = pytest.mark.skipif(
+    not is_package_available("wandb"), reason="wandb is an optional extra"
+)
 
 
 def _read_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:

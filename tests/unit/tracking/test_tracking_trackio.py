@@ -1,0 +1,52 @@
+"""Trackio against the real library: its local SQLite database, read back."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from hasten.core.imports import is_package_available
+from hasten.tracking.manager import TrackerManager
+
+pytestmark = pytest.mark.skipif(
+    not is_package_available("trackio"), reason="trackio is an optional extra"
+)
+
+
+def test_local_database_holds_metrics_and_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Trackio fixes its folder when imported: import it afresh with TRACKIO_DIR pointing here.
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for name in [m for m in sys.modules if m == "trackio" or m.startswith("trackio.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import trackio.utils
+
+    assert tmp_path == trackio.utils.TRACKIO_DIR
+    manager = TrackerManager("trackio", is_main_process=True)
+    manager.init(
+        "proj",
+        config={"lr": 0.01},
+        init_kwargs={"trackio": {"embed": False, "auto_log_gpu": False, "auto_log_cpu": False}},
+    )
+    for step in (0, 10, 20):
+        manager.log({"loss": 1.0 / (step + 1), "phase": "train"}, step=step)
+    with pytest.warns(UserWarning, match=r"trackio tracker skipped 'obj'"):
+        manager.log({"obj": object()}, step=30)
+    manager.finish()
+
+    with sqlite3.connect(tmp_path / "proj.db") as db:
+        rows = db.execute("SELECT step, metrics FROM metrics ORDER BY step").fetchall()
+        (config,) = db.execute("SELECT config FROM configs").fetchall()
+    logged = [(step, json.loads(metrics)) for step, metrics in rows]
+    assert logged[:3] == [
+        (0, {"loss": 1.0, "phase": "train"}),
+        (10, {"loss": pytest.approx(1 / 11), "phase": "train"}),
+        (20, {"loss": pytest.approx(1 / 21), "phase": "train"}),
+    ]
+    assert json.loads(config[0])["lr"] == 0.01
