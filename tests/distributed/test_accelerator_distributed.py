@@ -159,3 +159,29 @@ def test_two_processes_match_one_process_with_the_global_batch() -> None:
     for a, b, ref in zip(w0, w1, model.parameters()):
         assert a == b
         torch.testing.assert_close(torch.tensor(a), ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _trigger_sync() -> list[bool]:
+    from hasten import Accelerator
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(_model())
+    inner = acc.unwrap_model(model)
+    x = torch.full((2, 4), float(acc.process_index + 1))
+    agree = []
+    with acc.no_sync(model):
+        acc.backward(model(x).sum())
+        both = acc.gather(inner[0].weight.grad[None].clone())
+        agree.append(bool(torch.allclose(both[0], both[1])))
+        model.zero_grad()
+        with Accelerator.trigger_sync_in_backward(model):
+            acc.backward(model(x).sum())
+        both = acc.gather(inner[0].weight.grad[None].clone())
+        agree.append(bool(torch.allclose(both[0], both[1])))
+    return agree
+
+
+@pytest.mark.timeout(60)
+def test_trigger_sync_in_backward_all_reduces_inside_no_sync() -> None:
+    for agree in run_distributed(_trigger_sync, world_size=2):
+        assert agree == [False, True]

@@ -325,6 +325,16 @@ def test_bf16_forward_returns_fp32_and_unwraps() -> None:
         assert plain(x).dtype == torch.bfloat16
 
 
+def test_fp16_where_unsupported_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hasten.precision.select as select
+
+    monkeypatch.setattr(select, "FP16_DEVICE_TYPES", ("cuda",))
+    with pytest.raises(
+        ValueError, match="mixed_precision='fp16' is not supported on device type 'cpu'"
+    ):
+        Accelerator(cpu=True, mixed_precision="fp16")
+
+
 def test_fp16_backward_before_any_optimizer_is_rejected() -> None:
     acc = Accelerator(cpu=True, mixed_precision="fp16")
     model = acc.prepare(mlp())
