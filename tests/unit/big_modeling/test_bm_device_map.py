@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import Block, TinyLM
 from hasten.big_modeling.device_map import (
     check_device_map,
     device_for,
@@ -22,6 +21,7 @@ from hasten.big_modeling.device_map import (
 )
 from hasten.big_modeling.sizes import compute_module_sizes
 from hasten.big_modeling.tensors import find_tied_parameters
+from unit.big_modeling.bm_models import Block, TinyLM
 
 # ---- a straightforward greedy reference (quadratic, written from the documented rules) ----
 

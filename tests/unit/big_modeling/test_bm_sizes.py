@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import Block, TinyLM
 from hasten.big_modeling.sizes import (
     ModuleTree,
     calculate_maximum_sizes,
@@ -17,6 +16,7 @@ from hasten.big_modeling.sizes import (
     resolve_dtype,
 )
 from hasten.config.enums import CustomDtype
+from unit.big_modeling.bm_models import Block, TinyLM
 
 
 @pytest.mark.parametrize(
