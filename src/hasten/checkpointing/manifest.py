@@ -17,10 +17,10 @@ from typing import Any, BinaryIO
 from hasten.checkpointing.io import atomic_write, fsync_directory
 
 __all__ = [
-    "MANIFEST_NAME",
     "ChecksumWriter",
     "CorruptCheckpointError",
     "FileRecord",
+    "MANIFEST_NAME",
     "read_manifest",
     "read_verified",
     "write_bytes",
