@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from _tracking_fakes import RecordingTracker
+
+from unit.tracking._tracking_fakes import RecordingTracker
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _tracking_fakes import RecordingTracker
 
 from hasten.tracking.base import AbsentTracker
 from hasten.tracking.jsonl import JSONLTracker
 from hasten.tracking.manager import TrackerManager
+from unit.tracking._tracking_fakes import RecordingTracker
 
 
 def test_init_builds_starts_and_configures_in_order(

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _tracking_records import iter_records
 
 from hasten.core.imports import is_package_available
 from hasten.tracking.manager import TrackerManager
+from unit.tracking._tracking_records import iter_records
 
 pytestmark = pytest.mark.skipif(
     not is_package_available("swanlab"), reason="swanlab is an optional extra"

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from _tracking_records import iter_records
 
 from hasten.core.imports import is_package_available
 from hasten.tracking.manager import TrackerManager
+from unit.tracking._tracking_records import iter_records
 
 pytestmark = pytest.mark.skipif(
     not is_package_available("wandb"), reason="wandb is an optional extra"
