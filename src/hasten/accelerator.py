@@ -917,7 +917,7 @@ class Accelerator:
             output_dir,
             self._checkpoint_contents(for_save=True),
             list(self._models),
-            step=self.step,
+            step=self._accumulator.step,  # mid-cycle saves resume the accumulation count
             safe_serialization=safe_serialization,
             async_save=async_save,
         )
@@ -941,7 +941,7 @@ class Accelerator:
             map_location=map_location,
             strict=strict,
         )
-        self.step = int(attributes.get("step", self.step))
+        self.step = self._accumulator.step = int(attributes.get("step", self._accumulator.step))
 
     # ------------------------------------------------------------------ tracking
 

@@ -30,6 +30,7 @@ __all__ = [
     "complete_checkpoints",
     "custom_object_file",
     "dataloader_state_file",
+    "gradients_file",
     "model_file",
     "newest_complete_checkpoint",
     "optimizer_file",
@@ -90,6 +91,11 @@ def rng_file(process_index: int) -> str:
 def custom_object_file(index: int) -> str:
     """``custom_checkpoint_<i>.pkl`` for objects given to `register_for_checkpointing`."""
     return f"custom_checkpoint_{index}.pkl"
+
+
+def gradients_file(model_index: int, process_index: int) -> str:
+    """``gradients_<model>_<rank>.safetensors``: gradients accumulated mid-cycle, per process."""
+    return f"gradients_{model_index}_{process_index}.safetensors"
 
 
 def checkpoint_path(project_dir: str | os.PathLike[str], iteration: int) -> Path:

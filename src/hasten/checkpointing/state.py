@@ -32,6 +32,7 @@ from hasten.checkpointing.writer import (
     pickle_job,
     prepare_staging,
     run_plan,
+    safetensors_job,
 )
 from hasten.state import PartialState
 
@@ -82,6 +83,27 @@ def _identity(obj: Any) -> Any:
     return obj
 
 
+def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _gradient_jobs(
+    models: list[torch.nn.Module], rank: int, copy: Callable[[Any], Any]
+) -> list[FileJob]:
+    """Gradients this process holds (accumulated, not yet stepped): one file per model.
+
+    Saved only when present, so a checkpoint taken mid-accumulation resumes bitwise; each
+    process writes its own, since with DDP's no_sync they differ between processes.
+    """
+    jobs = []
+    for index, model in enumerate(models):
+        grads = _gradients(model)
+        if grads:
+            name = layout.gradients_file(index, rank)
+            jobs.append(safetensors_job(name, copy(grads)))
+    return jobs
+
+
 def save_accelerator_state(
     output_dir: str | os.PathLike[str],
     contents: CheckpointContents,
@@ -116,6 +138,7 @@ def save_accelerator_state(
         states = [copy(s) for s in contents.model_states]
         plan.jobs = model_jobs(states, safe_serialization)
         plan.jobs += _shared_jobs(contents, copy)
+    plan.jobs += _gradient_jobs(contents.models, state.process_index, copy)
     rng = {**capture_rng_state(), "step": step}
     plan.jobs.append(pickle_job(layout.rng_file(state.process_index), rng))
     plan.extra = {"step": step, "num_processes": state.num_processes}
@@ -199,6 +222,28 @@ def _load_model(
     model.load_state_dict(state, strict=strict)
 
 
+def _load_gradients(
+    folder: Path, models: list[torch.nn.Module], manifest: dict[str, Any] | None
+) -> None:
+    """Put back the gradients this process had accumulated when the checkpoint was taken."""
+    rank = PartialState().process_index
+    for index, model in enumerate(models):
+        name = layout.gradients_file(index, rank)
+        if not (folder / name).is_file():
+            continue
+        grads = tensors_from_safetensors(_read_bytes(folder, name, manifest))
+        params = dict(model.named_parameters())
+        unknown = sorted(set(grads) - set(params))
+        if unknown:
+            raise ValueError(
+                f"{folder / name} holds gradients for parameters the model does not have "
+                f"(first: {', '.join(unknown[:3])}). Load a checkpoint of this model."
+            )
+        for key, grad in grads.items():
+            param = params[key]
+            param.grad = grad.to(device=param.device, dtype=param.dtype, copy=True)
+
+
 def _check_counts(folder: Path, contents: CheckpointContents) -> None:
     found = {
         "models": len(
@@ -244,6 +289,7 @@ def load_accelerator_state(
     _check_counts(folder, contents)
     for index, model in enumerate(contents.models):
         _load_model(folder, index, model, manifest, strict)
+    _load_gradients(folder, contents.models, manifest)
     parts: list[tuple[str, str, Any]] = [
         (f"optimizer {i}", layout.optimizer_file(i), o) for i, o in enumerate(contents.optimizers)
     ]

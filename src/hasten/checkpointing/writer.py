@@ -37,6 +37,7 @@ __all__ = [
     "pickle_job",
     "prepare_staging",
     "run_plan",
+    "safetensors_job",
 ]
 
 _RECORDS = ".records_{rank}.json"
@@ -67,6 +68,11 @@ def _safetensors_writer(state: dict[str, torch.Tensor]) -> Callable[[Any], None]
         handle.write(safetensors_bytes(state))
 
     return write
+
+
+def safetensors_job(name: str, state: dict[str, torch.Tensor]) -> FileJob:
+    """A file holding ``state`` as safetensors (tied tensors stored once)."""
+    return FileJob(name, _safetensors_writer(state))
 
 
 def model_jobs(states: list[dict[str, torch.Tensor]], safe: bool) -> list[FileJob]:

@@ -373,10 +373,12 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
     def _adopt_origin(self, resume: dict[str, Any] | None) -> dict[str, Any] | None:
         origin = self._origin
         assert origin is not None  # noqa: S101 - only called for skip copies
-        self.iteration = origin.iteration
-        if resume is None and origin._resume is not None:
-            resume = {**origin._resume, "batches_yielded": self.skip_batches}
-            origin._resume = None
+        if resume is None and origin._resume is not None:  # loaded after the copy was made
+            resume = origin._take_resume()
+            assert resume is not None  # noqa: S101
+            self.iteration = int(resume["epoch"])
+            resume = dict(resume, batches_yielded=0)
+        origin.iteration = self.iteration  # origin.state_dict() reports the copy's epoch
         return resume
 
     def end(self) -> None:

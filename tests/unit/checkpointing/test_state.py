@@ -250,3 +250,21 @@ def test_manager_errors(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / "checkpoint_0").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="already exists"):
         auto.save_state(None, CheckpointContents(), [], step=0)
+
+
+def test_accumulated_gradients_round_trip_per_process(tmp_path: Path) -> None:
+    model, opt, sched, counter = _setup(0)
+    model(torch.randint(0, 11, (4, 3))).sum().backward()  # mid-accumulation: grads pending
+    expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    contents = CheckpointContents(model_states=[model.state_dict()], models=[model])
+    save_accelerator_state(tmp_path / "ckpt", contents)
+    assert (tmp_path / "ckpt" / "gradients_0_0.safetensors").is_file()
+    fresh, *_ = _setup(1)
+    load_accelerator_state(tmp_path / "ckpt", CheckpointContents(models=[fresh]))
+    grads = {n: p.grad for n, p in fresh.named_parameters() if p.grad is not None}
+    assert grads.keys() == expected.keys()
+    for name, grad in expected.items():
+        assert torch.equal(grads[name], grad)
+    model.zero_grad(set_to_none=True)  # after an optimizer step: nothing to save
+    save_accelerator_state(tmp_path / "clean", CheckpointContents([model.state_dict()], [model]))
+    assert not list((tmp_path / "clean").glob("gradients_*"))

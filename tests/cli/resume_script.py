@@ -1,0 +1,122 @@
+"""A training script for the exact-resume tests, run as a fresh process (or under hasten launch).
+
+Usage: ``resume_script.py OUT PHASE [--save-at N] [--convention skip|direct] [--preempt]``.
+
+It trains a small model with dropout, shuffling, gradient accumulation, an LR scheduler and
+fp16 with a GradScaler for EPOCHS epochs, and writes every step's loss and the final weights
+to ``OUT/<phase>_<rank>.pt``. Phases: ``full`` (no interruption), ``first`` (stop after
+``--save-at`` steps with save_state), ``second`` (load_state, then finish). With ``--preempt``
+it checkpoints automatically under ``OUT/project`` and, once restarted, resumes from the newest
+complete checkpoint (the preemption test sends the signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from hasten import Accelerator
+from hasten.config.project import ProjectConfiguration
+from hasten.utils import set_seed
+
+EPOCHS = 2
+SAMPLES = 48
+BATCH = 4
+ACCUMULATION = 3
+
+
+def _build(seed: int, project: Path | None) -> tuple[Accelerator, Any, Any, Any, Any]:
+    set_seed(seed)
+    config = None
+    if project is not None:
+        config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(
+        cpu=True,
+        mixed_precision="fp16",
+        gradient_accumulation_steps=ACCUMULATION,
+        project_config=config,
+    )
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.Dropout(0.3), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
+    data = torch.Generator().manual_seed(7)
+    dataset = TensorDataset(
+        torch.randn(SAMPLES, 6, generator=data), torch.randn(SAMPLES, 1, generator=data)
+    )
+    loader = DataLoader(dataset, batch_size=BATCH, shuffle=True)
+    return accelerator, *accelerator.prepare(model, optimizer, loader, scheduler)
+
+
+class Progress:
+    """Steps done so far, saved with the checkpoint through register_for_checkpointing."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.done = int(state["done"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("phase", choices=["full", "first", "second"])
+    parser.add_argument("--save-at", type=int, default=0)
+    parser.add_argument("--convention", choices=["skip", "direct"], default="skip")
+    parser.add_argument("--preempt", action="store_true")
+    parser.add_argument("--step-delay", type=float, default=0.0)
+    args = parser.parse_args()
+    project = args.out / "project" if args.preempt else None
+    # A different seed when resuming: everything that matters must come from the checkpoint.
+    seed = 1234 if args.phase == "second" else 0
+    accelerator, model, optimizer, loader, scheduler = _build(seed, project)
+    progress = Progress()
+    accelerator.register_for_checkpointing(progress)
+    if args.phase == "second":
+        accelerator.load_state(None if args.preempt else str(args.out / "checkpoint"))
+    losses: list[float] = []
+    start_epoch, skip = divmod(progress.done, len(loader))
+    for epoch in range(start_epoch, EPOCHS):
+        active = loader
+        if epoch == start_epoch and skip and args.convention == "skip":
+            active = accelerator.skip_first_batches(loader, skip)
+        for x, y in active:
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            losses.append(loss.item())
+            progress.done += 1
+            time.sleep(args.step_delay)
+            if args.phase == "first" and progress.done == args.save_at:
+                accelerator.save_state(str(args.out / "checkpoint"))
+                _dump(args.out, args.phase, accelerator, model, losses)
+                return 0
+    accelerator.end_training()
+    _dump(args.out, args.phase, accelerator, model, losses)
+    return 0
+
+
+def _dump(out: Path, phase: str, accelerator: Accelerator, model: Any, losses: list[float]) -> None:
+    state = accelerator.unwrap_model(model).state_dict()
+    torch.save(
+        {"losses": losses, "weights": {k: v.detach().clone() for k, v in state.items()}},
+        out / f"{phase}_{accelerator.process_index}.pt",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
