@@ -275,6 +275,8 @@ class Accelerator:
             deepspeed_plugin=deepspeed,
             fsdp_plugin=fsdp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
+            torch_tp_plugin=torch_tp_plugin,
+            parallelism_config=parallelism_config,
             _from_accelerator=True,
             **init_kwargs,
         )
@@ -304,6 +306,7 @@ class Accelerator:
             deepspeed_plugin=deepspeed,
             fsdp_plugin=fsdp,
             megatron_lm_plugin=megatron,
+            parallelism_config=self.parallelism_config,
         )
         self.precision = select_precision(
             self.state.mixed_precision,

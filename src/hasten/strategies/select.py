@@ -46,6 +46,7 @@ def select_strategy(
     deepspeed_plugin: Any = None,
     fsdp_plugin: Any = None,
     megatron_lm_plugin: Any = None,
+    parallelism_config: Any = None,
 ) -> Strategy:
     """Pick the strategy for this run.
 
@@ -56,6 +57,8 @@ def select_strategy(
         deepspeed_plugin: a DeepSpeed plugin: selects the (not yet wired) DeepSpeed engine.
         fsdp_plugin: an FSDP plugin: selects the (not yet wired) FSDP engine.
         megatron_lm_plugin: a Megatron-LM plugin: selects the (not yet wired) Megatron engine.
+        parallelism_config: a `ParallelismConfig`; sharded, tensor, context or sequence
+            parallel dimensions select the (not yet wired) composable-parallelism engine.
 
     Returns:
         The strategy object the Accelerator dispatches to.
@@ -70,6 +73,11 @@ def select_strategy(
     ):
         if plugin is not None:
             return UnwiredStrategy(engine)
+    beyond_ddp = list(getattr(parallelism_config, "non_dp_dim_names", []))
+    if getattr(parallelism_config, "dp_shard_enabled", False):
+        beyond_ddp.insert(0, "dp_shard")
+    if beyond_ddp:
+        return UnwiredStrategy(f"composable parallelism ({', '.join(beyond_ddp)})")
     try:
         kind = DistributedType(distributed_type)
     except ValueError:

@@ -117,3 +117,20 @@ def test_unwired_strategy_refuses_clearly() -> None:
         strategy.setup_module(nn.Linear(1, 1), None)
     assert "Megatron-LM" in repr(strategy)
     assert isinstance(strategy, Strategy)
+
+
+def test_parallelism_beyond_ddp_is_unwired() -> None:
+    class Config:
+        dp_shard_enabled = True
+        non_dp_dim_names = ["tp"]
+
+    strategy = select_strategy("MULTI_CPU", device=torch.device("cpu"), parallelism_config=Config())
+    assert isinstance(strategy, UnwiredStrategy)
+    assert strategy.engine == "composable parallelism (dp_shard, tp)"
+
+    class PlainDDP:
+        dp_shard_enabled = False
+        non_dp_dim_names: list[str] = []
+
+    plain = select_strategy("MULTI_CPU", device=torch.device("cpu"), parallelism_config=PlainDDP())
+    assert isinstance(plain, DDPStrategy)
