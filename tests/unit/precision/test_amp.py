@@ -107,9 +107,14 @@ def test_amp_precision_rejects_other_values() -> None:
 
 
 def test_grad_scaler_helpers() -> None:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from hasten.config.enums import DistributedType
+
     scaler = get_grad_scaler(init_scale=8.0)
     assert isinstance(scaler, torch.amp.GradScaler) and scaler.get_scale() == 8.0
     assert make_grad_scaler("cpu", growth_interval=3).get_growth_interval() == 3
+    assert isinstance(make_grad_scaler("cpu", DistributedType("FSDP")), ShardedGradScaler)
 
 
 def test_mixed_precision_context_manager_follows_the_state() -> None:
