@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from hasten.big_modeling.broadcast import load_broadcast
@@ -72,8 +73,6 @@ def load_state_dict(
     """
     path = os.fspath(checkpoint_file)
     if path.endswith(".safetensors"):
-        from safetensors import safe_open  # safetensors is a core dependency of hasten
-
         try:
             _, header = read_safetensors_header(path)
             result: dict[str, torch.Tensor] = {}
@@ -87,7 +86,7 @@ def load_state_dict(
                     for name in names:
                         result[name] = handle.get_tensor(name)
             return result
-        except (OSError, ValueError, RuntimeError) as err:
+        except (OSError, ValueError, RuntimeError, SafetensorError) as err:
             raise _corrupt(path, err) from err
     return _torch_load(path)
 
@@ -213,8 +212,6 @@ class Loader:
         )
 
     def load_safetensors(self, path: str) -> None:
-        from safetensors import safe_open  # safetensors is a core dependency of hasten
-
         try:
             start, header = read_safetensors_header(path)
         except OSError as err:
@@ -241,7 +238,7 @@ class Loader:
                     return handles[where].get_tensor(key)
 
                 self.place(name, read, stored)
-        except RuntimeError as err:
+        except (RuntimeError, SafetensorError) as err:
             raise _corrupt(path, err) from err
         finally:
             for handle in handles.values():
