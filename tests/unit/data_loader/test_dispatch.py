@@ -55,6 +55,7 @@ def test_batches_of_different_shapes_in_a_round_are_explained() -> None:
         _concatenate_round([torch.zeros(1, 2), torch.zeros(1, 3)])
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata
 def test_stateful_dispatcher_resumes() -> None:
     pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata not installed")
     dispatcher = _dispatcher(use_stateful_dataloader=True)

@@ -195,6 +195,7 @@ def test_pickles_with_its_position() -> None:
     assert [_values(b) for b in copy] == [[2, 3], [4, 5]]
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata
 def test_stateful_dataloader_backend_resumes() -> None:
     pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata not installed")
     from torchdata.stateful_dataloader import StatefulDataLoader
