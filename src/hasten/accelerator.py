@@ -559,6 +559,15 @@ class Accelerator:
         self.strategy.check_usable()
         self._prepared.claim(model, "model")
         place = self.device_placement if device_placement is None else device_placement
+        if self.verify_device_map(model) and not envvars.read_flag("ACCELERATE_BYPASS_DEVICE_MAP"):
+            if self.strategy.syncs_gradients:
+                raise ValueError(
+                    "This model was dispatched over several devices (it has an hf_device_map), "
+                    f"which cannot be trained with {self.strategy.name!r} across "
+                    f"{self.num_processes} processes. Load it on one device per process (no "
+                    "device_map), or run a single process."
+                )
+            place = False  # the dispatcher placed each layer; moving it would undo that
         device = self.device if place else None
         self.precision.wrap_forward(model)
         if evaluation_mode:
@@ -569,6 +578,11 @@ class Accelerator:
         self._mark(prepared)
         self._models.append(prepared)
         return prepared
+
+    @staticmethod
+    def verify_device_map(model: nn.Module) -> bool:
+        """Tell whether ``model`` (or a submodule) was dispatched over several devices."""
+        return any(len(getattr(m, "hf_device_map", None) or ()) > 1 for m in model.modules())
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None

@@ -488,3 +488,27 @@ def test_trackers_delegate_to_the_manager(tmp_path: Path) -> None:
     acc.end_training()
     written = "".join(p.read_text() for p in tmp_path.rglob("*.jsonl"))
     assert "1.5" in written
+
+
+def test_dispatched_model_is_not_moved() -> None:
+    acc = Accelerator(cpu=True)
+    model = mlp()
+    assert not acc.verify_device_map(model)
+    model.hf_device_map = {"0": "cpu", "2": "disk"}
+    assert acc.verify_device_map(model)
+    moved: list[object] = []
+    original = acc.strategy.setup_module
+    acc.strategy.setup_module = lambda m, d: moved.append(d) or original(m, d)  # type: ignore[method-assign]
+    acc.prepare(model)
+    assert moved == [None]
+
+
+def test_dispatched_model_cannot_train_with_ddp() -> None:
+    from hasten.strategies import DDPStrategy
+
+    acc = Accelerator(cpu=True)
+    acc.strategy = DDPStrategy()
+    model = mlp()
+    model.hf_device_map = {"0": "cpu", "2": "cpu"}
+    with pytest.raises(ValueError, match="dispatched over several devices.*'ddp'"):
+        acc.prepare_model(model)
