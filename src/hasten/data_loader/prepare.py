@@ -194,10 +194,16 @@ def prepare_data_loader(
             synchronized_generator = getattr(dataset, "generator", None)
             dataset = _shard_iterable(dataloader, num_processes, process_index, split_batches)
         else:
+            if batch_sampler is None:
+                raise ValueError(
+                    "Cannot shard a DataLoader that does not batch (batch_size=None without a "
+                    f"batch sampler) across {num_processes} processes: give it a batch_size or "
+                    "a batch_sampler."
+                )
             if not use_seedable_sampler:
                 synchronized_generator = _shared_generator(sampler)
             batch_sampler = BatchSamplerShard(
-                batch_sampler,  # type: ignore[arg-type]
+                batch_sampler,
                 num_processes=num_processes,
                 process_index=process_index,
                 split_batches=split_batches,

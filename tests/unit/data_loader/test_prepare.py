@@ -201,3 +201,11 @@ def test_device_mesh_gives_tensor_parallel_ranks_the_same_batches() -> None:
         for r in range(4)
     ]
     assert shards[0] == shards[1] != shards[2] == shards[3]
+
+
+def test_unbatched_loader_cannot_be_sharded() -> None:
+    loader = DataLoader(torch.arange(4.0), batch_size=None)
+    with pytest.raises(ValueError, match="Cannot shard a DataLoader that does not batch"):
+        prepare_data_loader(loader, num_processes=2, process_index=0)
+    single = prepare_data_loader(loader, num_processes=1, process_index=0)
+    assert [b.item() for b in single] == [0.0, 1.0, 2.0, 3.0]
