@@ -697,6 +697,34 @@ class Accelerator:
         """Context forcing the next backward of a DDP ``model`` to all-reduce gradients."""
         return DDPStrategy().trigger_sync_in_backward(model)
 
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> Iterator[Any]:
+        """Context for training on inputs whose length differs between processes.
+
+        Under DDP, processes that run out of batches keep answering the others' all-reduces
+        (`torch.distributed.algorithms.join.Join`); elsewhere it does nothing.
+
+        Args:
+            joinables: the DDP-wrapped models (and other `Joinable` objects).
+            even_batches: override ``even_batches`` of the prepared map-style data loaders
+                inside the context (e.g. False to really see uneven inputs).
+        """
+        restore: list[tuple[Any, bool]] = []
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                sampler: Any = getattr(loader, "batch_sampler", None)
+                if hasattr(sampler, "even_batches"):
+                    restore.append((sampler, sampler.even_batches))
+                    sampler.even_batches = even_batches
+        try:
+            with self.strategy.join(joinables) as context:
+                yield context
+        finally:
+            for sampler, value in restore:
+                sampler.even_batches = value
+
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Unscale the gradients of ``optimizer`` (default: every prepared one) under fp16."""
         if self.scaler is None:

@@ -185,3 +185,29 @@ def _trigger_sync() -> list[bool]:
 def test_trigger_sync_in_backward_all_reduces_inside_no_sync() -> None:
     for agree in run_distributed(_trigger_sync, world_size=2):
         assert agree == [False, True]
+
+
+def _uneven_join() -> dict[str, Any]:
+    from hasten import Accelerator
+
+    acc = Accelerator(cpu=True)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # 10 samples, batch 2: 5 batches, so rank 0 gets 3 and rank 1 gets 2 without even_batches.
+    loader = DataLoader(TensorDataset(torch.randn(10, 4)), batch_size=2)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    seen = 0
+    with acc.join_uneven_inputs([model], even_batches=False):
+        for (x,) in loader:
+            acc.backward(model(x).sum())
+            opt.step()
+            opt.zero_grad()
+            seen += 1
+    return {"seen": seen, "restored": loader.batch_sampler.even_batches}
+
+
+@pytest.mark.timeout(60)
+def test_join_uneven_inputs_lets_the_longer_rank_finish() -> None:
+    r0, r1 = run_distributed(_uneven_join, world_size=2)
+    assert (r0["seen"], r1["seen"]) == (3, 2)
+    assert r0["restored"] is True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,6 +41,10 @@ class Strategy:
 
     def no_sync(self, module: nn.Module) -> AbstractContextManager[None]:
         """Context in which backward accumulates gradients locally without communicating."""
+        return contextlib.nullcontext()
+
+    def join(self, joinables: list[Any]) -> AbstractContextManager[Any]:
+        """Context letting processes with fewer batches shadow collectives (nothing to do here)."""
         return contextlib.nullcontext()
 
     @contextlib.contextmanager

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
@@ -75,6 +76,11 @@ class DDPStrategy(Strategy):
         if isinstance(module, DistributedDataParallel):
             return module.no_sync()
         return contextlib.nullcontext()
+
+    @override
+    def join(self, joinables: list[Any]) -> AbstractContextManager[Any]:
+        # Join shadows the collectives of processes that ran out of batches.
+        return Join(joinables)
 
     @override
     @contextlib.contextmanager

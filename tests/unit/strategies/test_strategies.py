@@ -134,3 +134,12 @@ def test_parallelism_beyond_ddp_is_unwired() -> None:
 
     plain = select_strategy("MULTI_CPU", device=torch.device("cpu"), parallelism_config=PlainDDP())
     assert isinstance(plain, DDPStrategy)
+
+
+def test_join_is_a_noop_without_ddp_and_join_under_ddp(one_process_group: None) -> None:
+    from torch.distributed.algorithms.join import Join
+
+    with SingleDeviceStrategy().join([]) as ctx:
+        assert ctx is None
+    wrapped = DDPStrategy().setup_module(nn.Linear(2, 1), None)
+    assert isinstance(DDPStrategy().join([wrapped]), Join)
