@@ -124,3 +124,47 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler(launched: dict[str, Any]
     assert data["skipped_after_good_step"] is False
     # Without split_batches the scheduler steps once per process: 0.1 / (2 + 1).
     assert data["lr_after_good_step"] == pytest.approx(0.1 / 3)
+
+
+SETTINGS_SCRIPT = """
+import json
+from hasten import Accelerator
+from hasten.state._shared import reset_state
+
+acc = Accelerator()
+launched = [acc.mixed_precision, acc.gradient_accumulation_steps, str(acc.state.dynamo_plugin.backend.value)]
+reset_state()
+acc = Accelerator(mixed_precision="no", gradient_accumulation_steps=2)
+explicit = [acc.mixed_precision, acc.gradient_accumulation_steps]
+print("SETTINGS", json.dumps({"launched": launched, "explicit": explicit}))
+"""
+
+
+def test_launcher_settings_reach_the_accelerator_and_arguments_win(tmp_path: Path) -> None:
+    script = tmp_path / "settings.py"
+    script.write_text(SETTINGS_SCRIPT)
+    flags = ["--mixed_precision", "bf16", "--gradient_accumulation_steps", "3"]
+    proc = subprocess.run(
+        [
+            str(HASTEN),
+            "launch",
+            "--cpu",
+            "--num_processes",
+            "1",
+            *flags,
+            "--dynamo_backend",
+            "eager",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("SETTINGS "))
+    import json
+
+    settings = json.loads(line.removeprefix("SETTINGS "))
+    assert settings["launched"] == ["bf16", 3, "EAGER"]
+    assert settings["explicit"] == ["no", 2]
