@@ -7,6 +7,7 @@ checks one guarantee against a single-process reference computed here.
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -163,8 +164,6 @@ def test_launcher_settings_reach_the_accelerator_and_arguments_win(tmp_path: Pat
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = next(line for line in proc.stdout.splitlines() if line.startswith("SETTINGS "))
-    import json
-
     settings = json.loads(line.removeprefix("SETTINGS "))
     assert settings["launched"] == ["bf16", 3, "EAGER"]
     assert settings["explicit"] == ["no", 2]
