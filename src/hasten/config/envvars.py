@@ -308,6 +308,16 @@ ENV_VARS: dict[str, EnvVar] = _table(
     _parallelism("SP_SEQ_LENGTH", int, "Sequence length for sequence parallelism."),
     _parallelism("SP_SEQ_LENGTH_IS_VARIABLE", parse_bool, "Sequence length varies per batch."),
     _parallelism("SP_ATTN_IMPLEMENTATION", str, "Attention implementation for sequence parallel."),
+    # --- experiment trackers (override init_trackers arguments, as in Accelerate) ----------
+    _str("MLFLOW_EXPERIMENT_NAME", "MLflow experiment (instead of the project name)."),
+    _str("MLFLOW_TRACKING_URI", "MLflow tracking store (file:///..., sqlite:///..., http://...)."),
+    _str("MLFLOW_RUN_ID", "MLflow run to resume."),
+    _str("MLFLOW_TAGS", "MLflow run tags, as a JSON object."),
+    _flag("MLFLOW_NESTED_RUN", "Start the MLflow run nested in the active one."),
+    _str("MLFLOW_RUN_NAME", "MLflow run display name."),
+    _str("MLFLOW_RUN_NOTE", "MLflow run description."),
+    _str("CLEARML_PROJECT", "ClearML project (instead of the project name)."),
+    _str("CLEARML_TASK", "ClearML task name (instead of the project name)."),
 )
 
 
