@@ -286,30 +286,29 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
                 return
             if restore_rng is not None:
                 torch.set_rng_state(restore_rng)
-            yield from self._hand_out(fetch, current, skip + self._offset)
+            # The per-batch loop, kept in this frame (no `yield from`): read one batch ahead
+            # to know, when handing out a batch, whether it is the last one.
+            position = skip + self._offset
+            device, non_blocking = self._move_to, getattr(self, "_non_blocking", False)
+            progress = self._progress  # a slotted cell: cheaper than DataLoader.__setattr__
+            while True:
+                if device is not None:
+                    current = send_to_device(current, device, non_blocking=non_blocking)
+                try:
+                    upcoming = fetch()
+                except StopIteration:
+                    break
+                position += 1
+                progress.position = position
+                yield current
+                current = upcoming
+            self.end_of_dataloader = True
+            progress.position = -1
+            yield current
             self.iteration += 1
             self._position = None
         finally:
             self.end()
-
-    def _hand_out(self, fetch: Callable[[], Any], current: Any, position: int) -> Iterator[Any]:
-        """Yield ``current`` and the rest, reading one batch ahead to spot the last one."""
-        device, non_blocking = self._move_to, getattr(self, "_non_blocking", False)
-        progress = self._progress  # a slotted cell: cheaper than DataLoader.__setattr__
-        while True:
-            if device is not None:
-                current = send_to_device(current, device, non_blocking=non_blocking)
-            try:
-                upcoming = fetch()
-            except StopIteration:
-                self.end_of_dataloader = True
-                progress.position = -1
-                yield current
-                return
-            position += 1
-            progress.position = position
-            yield current
-            current = upcoming
 
     # -- epochs and RNG ----------------------------------------------------------------------
 
