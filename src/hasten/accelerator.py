@@ -324,7 +324,9 @@ class Accelerator:
         scale = self.scaler.scale if self.scaler is not None else None
         self._backward = make_backward(self.gradient_state.num_steps, scale)
         # Until an optimizer is prepared nothing would unscale a scaled loss.
-        self._scaled_without_optimizer = scale is not None
+        self._scaled_without_optimizer = scale is not None and not getattr(
+            self, "_optimizers", None
+        )
 
     # ------------------------------------------------------------------ where this process is
 

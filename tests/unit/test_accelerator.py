@@ -512,3 +512,12 @@ def test_dispatched_model_cannot_train_with_ddp() -> None:
     model.hf_device_map = {"0": "cpu", "2": "cpu"}
     with pytest.raises(ValueError, match="dispatched over several devices.*'ddp'"):
         acc.prepare_model(model)
+
+
+def test_changing_accumulation_keeps_fp16_backward_usable() -> None:
+    acc = Accelerator(cpu=True, mixed_precision="fp16")
+    model = mlp()
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.gradient_accumulation_steps = 2
+    acc.backward(model(torch.ones(1, 8)).sum())
+    assert all(p.grad is not None for p in model.parameters())
