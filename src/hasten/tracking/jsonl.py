@@ -20,7 +20,7 @@ from typing import IO, Any
 from hasten.tracking.base import GeneralTracker
 from hasten.tracking.values import SkipWarner, flatten_dict, to_scalar
 
-__all__ = ["CONFIG_FILE", "METRICS_FILE", "JSONLTracker", "read_metrics"]
+__all__ = ["CONFIG_FILE", "JSONLTracker", "METRICS_FILE", "read_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
