@@ -92,6 +92,8 @@ def _wrap_parameter(old: torch.Tensor, new: torch.Tensor, device: torch.device) 
         if cls.__name__ == "Int8Params" and new.dtype == torch.float32:
             new = new.to(torch.float16)
         factory: Any = cls
+        if device.type == "meta":
+            return factory(new, requires_grad=old.requires_grad, **extra)
         made = factory(new.to("cpu"), requires_grad=old.requires_grad, **extra)
         return made.to(device)
     try:

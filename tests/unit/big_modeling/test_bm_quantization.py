@@ -1,0 +1,131 @@
+"""bitsandbytes quantization: same outputs whether quantized in place or loaded and dispatched."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from hasten.big_modeling import init_empty_weights
+from hasten.big_modeling import quantization as quant
+from hasten.config.quantization import BnbQuantizationConfig
+from unit.big_modeling.bm_models import TinyLM
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> tuple[TinyLM, Path, torch.Tensor]:
+    torch.manual_seed(0)
+    model = TinyLM(dim=64).eval()
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, tmp_path / "model.safetensors")
+    return model, tmp_path / "model.safetensors", torch.randint(0, 50, (2, 6))
+
+
+def _empty() -> TinyLM:
+    with init_empty_weights():
+        return TinyLM(dim=64).eval()
+
+
+CONFIGS = {
+    "8bit": lambda: BnbQuantizationConfig(load_in_8bit=True, torch_dtype=torch.float32),
+    "4bit": lambda: BnbQuantizationConfig(
+        load_in_4bit=True, bnb_4bit_compute_dtype="fp32", torch_dtype=torch.float32
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_quantized_then_dispatched_equals_quantized_in_place(
+    checkpoint, tmp_path: Path, kind: str
+) -> None:
+    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is optional")
+    source, path, ids = checkpoint
+    in_place = quant.load_and_quantize_model(copy.deepcopy(source), CONFIGS[kind]())
+    device_map = {"wte": "cpu", "h": "cpu", "ln_f": "cpu", "lm_head": "cpu", "scale": "cpu"}
+    loaded = quant.load_and_quantize_model(
+        _empty(), CONFIGS[kind](), weights_location=path, device_map=device_map
+    )
+    layer = bnb.nn.Linear8bitLt if kind == "8bit" else bnb.nn.Linear4bit
+    assert isinstance(loaded.h[0].attn, layer) and isinstance(in_place.h[0].attn, layer)
+    assert type(loaded.lm_head) is torch.nn.Linear  # tied output layer left alone
+    assert loaded.is_loaded_in_8bit == (kind == "8bit")
+    assert quant.has_4bit_bnb_layers(loaded) == (kind == "4bit")
+    with torch.no_grad():
+        got, want, full = loaded(ids), in_place(ids), source(ids)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, full)  # really quantized
+
+
+def test_8bit_with_disk_offload_and_fp32_modules(checkpoint, tmp_path: Path) -> None:
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is optional")
+    source, path, ids = checkpoint
+    config = BnbQuantizationConfig(
+        load_in_8bit=True, torch_dtype=torch.float32, keep_in_fp32_modules=["ln_f"]
+    )
+    in_place = quant.load_and_quantize_model(copy.deepcopy(source), config)
+    device_map = {
+        "wte": "cpu",
+        "h.0": "cpu",
+        "h.1": "disk",
+        "h.2": "disk",
+        "h.3": "cpu",
+        "ln_f": "cpu",
+        "lm_head": "cpu",
+        "scale": "cpu",
+    }
+    config = BnbQuantizationConfig(
+        load_in_8bit=True, torch_dtype=torch.float32, keep_in_fp32_modules=["ln_f"]
+    )
+    loaded = quant.load_and_quantize_model(
+        _empty(),
+        config,
+        weights_location=path,
+        device_map=device_map,
+        offload_folder=tmp_path / "off",
+    )
+    assert loaded.ln_f.weight.dtype == torch.float32
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), in_place(ids))
+
+
+def test_auto_map_counts_quantized_weights(checkpoint) -> None:
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is optional")
+    _, path, ids = checkpoint
+    config = BnbQuantizationConfig(load_in_8bit=True, torch_dtype=torch.float32)
+    model = quant.load_and_quantize_model(
+        _empty(), config, weights_location=path, device_map="auto", max_memory={"cpu": "1GB"}
+    )
+    assert model.hf_device_map == {"": "cpu"}
+    assert model(ids).shape == (2, 6, 50)
+
+
+def test_keys_to_not_convert_and_replace_with_bnb_layers() -> None:
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is optional")
+    model = TinyLM()
+    assert quant.get_keys_to_not_convert(model) == ["lm_head", "wte"]
+    config = BnbQuantizationConfig(load_in_8bit=True)
+    quant.replace_with_bnb_layers(model, config, modules_to_not_convert=["h.1", "lm_head"])
+    assert type(model.h[1].attn) is torch.nn.Linear and type(model.h[0].attn) is not torch.nn.Linear
+
+
+def test_errors(checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, path, _ = checkpoint
+    config = BnbQuantizationConfig(load_in_8bit=True)
+    with pytest.raises(TypeError, match="BnbQuantizationConfig"):
+        quant.load_and_quantize_model(_empty(), {"load_in_8bit": True})  # type: ignore[arg-type]
+    if "bitsandbytes" in sys.modules or pytest.importorskip("bitsandbytes"):
+        with pytest.raises(ValueError, match="needs weights_location"):
+            quant.load_and_quantize_model(_empty(), config)
+    monkeypatch.setattr(quant, "require", _missing)
+    with pytest.raises(ImportError, match="pip install 'hasten\\[bnb\\]'"):
+        quant.load_and_quantize_model(_empty(), config, weights_location=path)
+
+
+def _missing(package: str, *, feature: str, extra: str | None = None) -> object:
+    from hasten.core.imports import require
+
+    return require("a_package_that_is_not_installed_" + package, feature=feature, extra=extra)
