@@ -165,7 +165,12 @@ class _StatefulMixin:
 
     @staticmethod
     def _stateful_base() -> Any:
-        require("torchdata", feature="use_stateful_dataloader=True", extra="stateful")
+        require(
+            "torchdata",
+            feature="use_stateful_dataloader=True",
+            extra="stateful",
+            min_version="0.8.0",
+        )
         # optional: torchdata
         from torchdata.stateful_dataloader import StatefulDataLoader
 

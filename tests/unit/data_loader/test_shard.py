@@ -211,3 +211,21 @@ def test_stateful_dataloader_backend_resumes() -> None:
     fresh = DataLoaderShard(_dataset(8), batch_size=2, use_stateful_dataloader=True)
     fresh.load_state_dict(state)
     assert [_values(b) for b in fresh] == [[2, 3], [4, 5], [6, 7]]
+
+
+def test_stateful_dataloader_without_torchdata_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hasten.core.imports
+    from hasten.data_loader.base import _stateful_variant
+
+    _stateful_variant.cache_clear()
+    monkeypatch.setattr(hasten.core.imports, "is_package_available", lambda *a, **k: False)
+    try:
+        with pytest.raises(
+            ImportError,
+            match=r"use_stateful_dataloader=True requires 'torchdata'.*pip install 'hasten\[stateful\]'",
+        ):
+            DataLoaderShard(_dataset(), batch_size=2, use_stateful_dataloader=True)
+    finally:
+        _stateful_variant.cache_clear()
