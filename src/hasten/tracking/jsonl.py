@@ -88,18 +88,19 @@ class JSONLTracker(GeneralTracker):
     def _clean(self, values: Mapping[str, Any]) -> dict[str, Any]:
         clean: dict[str, Any] = {}
         for key, value in values.items():
-            if isinstance(value, Mapping):
-                flat = flatten_dict(value, prefix=str(key))
-                clean.update(self._clean(flat))
-                continue
-            if isinstance(value, str):
+            kind = type(value)
+            if kind is float or kind is int or kind is str:  # the common case, checked cheaply
                 clean[key] = value
                 continue
             scalar = to_scalar(value)
-            if scalar is None:
-                self._skips.skip(key, value, "numbers, strings or dicts of them")
-            else:
+            if scalar is not None:
                 clean[key] = scalar
+            elif isinstance(value, str):
+                clean[key] = value
+            elif isinstance(value, Mapping):
+                clean.update(self._clean(flatten_dict(value, prefix=str(key))))
+            else:
+                self._skips.skip(key, value, "numbers, strings or dicts of them")
         return clean
 
     def finish(self) -> None:
