@@ -157,8 +157,11 @@ def child(mode: str, steps: int, rounds: int) -> dict[str, float]:
     for run in loops.values():  # warm-up: allocator, autograd graph caches
         run(batches[: max(8, steps // 10)])
     times: dict[str, list[float]] = {name: [] for name in loops}
-    for _ in range(rounds):
-        for name, run in loops.items():
+    names = list(loops)
+    for r in range(rounds):
+        # Rotate the order each round so no implementation always follows the same one.
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            run = loops[name]
             start = time.perf_counter()
             run(batches)
             times[name].append((time.perf_counter() - start) / steps)
@@ -169,8 +172,10 @@ def child(mode: str, steps: int, rounds: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--steps", type=int, default=48, help="steps per round (short rounds dodge load spikes)"
+    )
+    parser.add_argument("--rounds", type=int, default=101)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

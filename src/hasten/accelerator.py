@@ -516,7 +516,8 @@ class Accelerator:
                 moves.update(
                     parameter_moves(before, all_parameters([self.unwrap_model(result[i])]))
                 )
-        for obj in args:
+        # Optimizers of this call and of earlier calls follow parameters the move replaced.
+        for obj in [*args, *(opt.optimizer for opt in self._optimizers)]:
             if isinstance(obj, torch.optim.Optimizer):
                 retarget_optimizer(obj, moves)
         for i, (obj, place) in enumerate(zip(args, placements)):
