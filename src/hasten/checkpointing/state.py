@@ -34,6 +34,7 @@ from hasten.checkpointing.writer import (
     run_plan,
     safetensors_job,
 )
+from hasten.ops.collectives import gather_object
 from hasten.state import PartialState
 
 __all__ = ["CheckpointContents", "load_accelerator_state", "save_accelerator_state"]
@@ -146,9 +147,27 @@ def save_accelerator_state(
     state.wait_for_everyone()  # the staging folder exists before anyone writes into it
     if async_save:
         return PendingSave(plan)
-    final = run_plan(plan)
-    state.wait_for_everyone()  # published before any process goes on
+    try:
+        final = run_plan(plan)
+    except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
+        _agree_on_outcome(state, exc)
+        raise
+    _agree_on_outcome(state, None)  # published before any process goes on
     return final
+
+
+def _agree_on_outcome(state: PartialState, error: BaseException | None) -> None:
+    """Wait for every process; if another one failed to save, raise here too (naming it).
+
+    The exchange doubles as the barrier after publishing, so a failure on one process never
+    leaves the others blocked in a later collective.
+    """
+    if state.num_processes == 1:
+        return
+    mine = [f"process {state.process_index}: {error}"] if error is not None else []
+    failures = [f for f in gather_object(mine) if f not in mine]
+    if failures and error is None:
+        raise RuntimeError("The checkpoint was not published: " + "; ".join(failures))
 
 
 def _warn_or_raise(part: str, exc: BaseException, strict: bool) -> None:

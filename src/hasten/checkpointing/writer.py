@@ -9,6 +9,7 @@ collective beside the training loop's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -114,8 +115,10 @@ def _write_job(folder: Path, job: FileJob) -> FileRecord:
     return FileRecord(job.name, writer.size, writer.crc32)
 
 
-def _publish_records(plan: SavePlan, records: list[FileRecord]) -> None:
-    payload = {"host": socket.gethostname(), "files": [asdict(r) for r in records]}
+def _publish_records(plan: SavePlan, records: list[FileRecord], error: str | None = None) -> None:
+    payload: dict[str, Any] = {"host": socket.gethostname(), "files": [asdict(r) for r in records]}
+    if error is not None:
+        payload["error"] = error
     path = plan.staging / _RECORDS.format(rank=plan.rank)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload))
@@ -136,14 +139,50 @@ def _collect_records(plan: SavePlan) -> list[FileRecord]:
                 )
             time.sleep(0.005)
         payload = json.loads(path.read_text())
+        if "error" in payload:
+            raise RuntimeError(
+                f"Process {rank} could not write its part of {plan.final}: {payload['error']}. "
+                "The checkpoint was not published; earlier checkpoints are untouched."
+            )
         if payload["host"] == host or not plan.save_on_each_node:
             records += [FileRecord(**f) for f in payload["files"]]
     return records
 
 
+def _write_all(plan: SavePlan) -> list[FileRecord]:
+    records: list[FileRecord] = []
+    try:
+        for job in plan.jobs:
+            records.append(_write_job(plan.staging, job))
+    except OSError as exc:
+        failed = plan.jobs[len(records)].name
+        message = f"{exc.strerror or exc} while writing {failed}"
+        with contextlib.suppress(OSError):  # tell the main process, if the disk still allows
+            _publish_records(plan, records, error=message)
+        raise OSError(
+            exc.errno,
+            f"{message} of the checkpoint {plan.final}: it was not published and the earlier "
+            "checkpoints are untouched. Free some space (or choose another folder) and save "
+            "again.",
+        ) from exc
+    return records
+
+
 def run_plan(plan: SavePlan) -> Path:
-    """Write this process's files; on the writer, wait for the others and publish."""
-    records = [_write_job(plan.staging, job) for job in plan.jobs]
+    """Write this process's files; on the writer, wait for the others and publish.
+
+    On any failure the writer removes the staging folder, so nothing half-written remains.
+    """
+    try:
+        return _run_plan(plan)
+    except BaseException:
+        if plan.is_writer:
+            shutil.rmtree(plan.staging, ignore_errors=True)
+        raise
+
+
+def _run_plan(plan: SavePlan) -> Path:
+    records = _write_all(plan)
     _publish_records(plan, records)
     if not plan.is_writer:
         return plan.final
