@@ -133,6 +133,11 @@ class MLflowTracker(GeneralTracker):
         if metrics:
             self._mlflow.log_metrics(metrics, step=step, **kwargs)
 
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log each image (numpy array or PIL image) as MLflow image ``key`` at ``step``."""
+        for key, image in values.items():
+            self._mlflow.log_image(image, key=key, step=step, **kwargs)
+
     def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
         """Save a matplotlib/plotly ``figure`` as the run artifact ``artifact_file``."""
         _mlflow().log_figure(figure=figure, artifact_file=artifact_file, **save_kwargs)

@@ -85,6 +85,33 @@ class TensorBoardTracker(GeneralTracker):
             self.writer.add_images(key, images, global_step=step, **kwargs)
         self.writer.flush()
 
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Write a table as markdown text (TensorBoard's TEXT tab renders it as a table)."""
+        if dataframe is not None:
+            columns = [str(c) for c in dataframe.columns]
+            data = dataframe.values.tolist()
+        if data is None:
+            raise ValueError(
+                f"log_table({table_name!r}) got neither data nor dataframe; pass rows as "
+                "data=[[...], ...] (with columns=[...]) or a pandas dataframe."
+            )
+        rows = [list(r) for r in data]
+        header = (
+            list(columns) if columns else [f"col{i}" for i in range(len(rows[0]) if rows else 0)]
+        )
+        lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+        self.writer.add_text(table_name, "\n".join(lines), global_step=step, **kwargs)
+        self.writer.flush()
+
     def finish(self) -> None:
         """Flush and close the event file."""
         if self.writer is not None:

@@ -59,6 +59,33 @@ class TrackioTracker(GeneralTracker):
                 self._skips.skip(key, value, "numbers, strings or trackio media objects")
         self.run.log(clean, step=step, **kwargs)
 
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log one image per key (array, PIL image or path); ``(image, caption)`` adds a caption."""
+        trackio = _trackio()
+        images = {}
+        for key, value in values.items():
+            image, caption = value if isinstance(value, tuple) else (value, None)
+            images[key] = trackio.Image(image, caption=caption)
+        self.run.log(images, step=step, **kwargs)
+
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Log a ``trackio.Table`` built from ``columns`` + ``data`` or a pandas ``dataframe``."""
+        if data is None and dataframe is None:
+            raise ValueError(
+                f"log_table({table_name!r}) got neither data nor dataframe; pass rows as "
+                "data=[[...], ...] (with columns=[...]) or a pandas dataframe."
+            )
+        table = _trackio().Table(columns=columns, data=data, dataframe=dataframe)
+        self.run.log({table_name: table}, step=step, **kwargs)
+
     def finish(self) -> None:
         """Finish the run."""
         if self.run is not None:

@@ -102,3 +102,17 @@ def test_resume_existing_experiment_and_long_params(store: str) -> None:
     client = mlflow.MlflowClient(tracking_uri=store)
     assert client.get_run(run_id).data.params == {"ok": "1"}
     assert len(client.search_experiments(filter_string="name = 'exp'")) == 1
+
+
+def test_log_images_become_run_images(store: str) -> None:
+    import mlflow
+    import numpy as np
+
+    tracker = MLflowTracker("img-exp", logging_dir=store)
+    tracker.start()
+    tracker.log_images({"sample": np.zeros((8, 8, 3), dtype=np.uint8)}, step=2)
+    run_id = tracker.tracker.info.run_id
+    tracker.finish()
+    client = mlflow.MlflowClient(tracking_uri=store)
+    names = [a.path for a in client.list_artifacts(run_id, "images")]
+    assert any(n.startswith("images/sample+step+2+") and n.endswith(".png") for n in names), names

@@ -98,3 +98,16 @@ def test_log_images(tmp_path: Path) -> None:
     events = acc.Images("samples")
     assert [e.step for e in events] == [4]
     assert (events[0].width, events[0].height) == (16, 8)  # the batch of 2 is tiled side by side
+
+
+def test_log_table_is_markdown_text(tmp_path: Path) -> None:
+    tracker = TensorBoardTracker("proj", tmp_path)
+    tracker.start()
+    tracker.log_table("preds", columns=["x", "y"], data=[[1, "a"], [2, "b"]], step=3)
+    with pytest.raises(ValueError, match=r"log_table\('empty'\) got neither data nor dataframe"):
+        tracker.log_table("empty")
+    tracker.finish()
+    (event,) = _load(tmp_path / "proj").Tensors("preds/text_summary")
+    assert event.step == 3
+    text = event.tensor_proto.string_val[0].decode()
+    assert text.splitlines() == ["| x | y |", "|---|---|", "| 1 | a |", "| 2 | b |"]

@@ -7,6 +7,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hasten.core.imports import is_package_available
@@ -38,6 +39,9 @@ def test_local_database_holds_metrics_and_config(
         manager.log({"loss": 1.0 / (step + 1), "phase": "train"}, step=step)
     with pytest.warns(UserWarning, match=r"trackio tracker skipped 'obj'"):
         manager.log({"obj": object()}, step=30)
+    tracker = manager.get("trackio")
+    tracker.log_images({"sample": (np.zeros((8, 8, 3), dtype=np.uint8), "blank")}, step=40)
+    tracker.log_table("preds", columns=["x", "y"], data=[[1, 2]], step=50)
     manager.finish()
 
     with sqlite3.connect(tmp_path / "proj.db") as db:
@@ -50,3 +54,7 @@ def test_local_database_holds_metrics_and_config(
         (20, {"loss": pytest.approx(1 / 21), "phase": "train"}),
     ]
     assert json.loads(config[0])["lr"] == 0.01
+    image = dict(logged)[40]["sample"]
+    assert (image["_type"], image["caption"]) == ("trackio.image", "blank")
+    assert (tmp_path / "media" / image["file_path"]).is_file()
+    assert dict(logged)[50]["preds"] == {"_type": "trackio.table", "_value": [{"x": 1, "y": 2}]}
