@@ -66,6 +66,8 @@ def worker(steps: int, rounds: int, width: int) -> None:
     loops: dict[str, Callable[[list[Any]], None]] = {}
     loops["hasten"] = framework(Accelerator(cpu=True), width)  # sets up the gloo group
     loops["raw"] = raw_ddp(width)
+    # A second, identical hand-written loop: its ratio to "raw" is the noise floor of the run.
+    loops["raw_control"] = raw_ddp(width)
     try:
         from accelerate import (
             Accelerator as HFAccelerator,  # optional: accelerate (comparison only)
