@@ -11,7 +11,7 @@ import pytest
 
 from _support.distributed import run_distributed
 from hasten.core.imports import is_package_available
-from hasten.tracking.base import GeneralTracker
+from hasten.tracking.base import GeneralTracker, on_main_process
 
 pytestmark = pytest.mark.distributed
 
@@ -33,6 +33,41 @@ class EverywhereTracker(GeneralTracker):
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.logged.append((values, step))
+
+
+class DecoratedTracker(GeneralTracker):
+    """A custom tracker written the Accelerate way: methods guarded by @on_main_process."""
+
+    name = "decorated"
+    requires_logging_directory = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[int | None] = []
+
+    @property
+    def tracker(self) -> list[int | None]:
+        return self.logged
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.logged.append(step)
+
+
+def _decorated_direct_use() -> list[int | None]:
+    from hasten import PartialState
+
+    PartialState()
+    tracker = DecoratedTracker()  # used directly on every process, without an Accelerator
+    for step in range(2):
+        tracker.log({"loss": 1.0}, step=step)
+    return tracker.logged
+
+
+@pytest.mark.timeout(120)
+def test_on_main_process_methods_run_on_the_main_process_only() -> None:
+    main, other = run_distributed(_decorated_direct_use, world_size=2, timeout=90)
+    assert (main, other) == ([0, 1], [])
 
 
 def _train_and_log(project_dir: str, names: list[str]) -> dict[str, Any]:

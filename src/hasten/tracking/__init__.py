@@ -5,7 +5,7 @@ Each tracker imports its library only when a run starts, so importing this packa
 """
 
 from hasten.tracking.aim import AimTracker
-from hasten.tracking.base import GeneralTracker
+from hasten.tracking.base import GeneralTracker, on_main_process
 from hasten.tracking.clearml import ClearMLTracker
 from hasten.tracking.comet_ml import CometMLTracker
 from hasten.tracking.dvclive import DVCLiveTracker
@@ -37,5 +37,6 @@ __all__ = [
     "WandBTracker",
     "filter_trackers",
     "get_available_trackers",
+    "on_main_process",
     "register_tracker_class",
 ]

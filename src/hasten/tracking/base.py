@@ -8,9 +8,32 @@ building one costs nothing and processes that never start it never import the li
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
-__all__ = ["AbsentTracker", "GeneralTracker"]
+from hasten.state import PartialState
+
+__all__ = ["AbsentTracker", "GeneralTracker", "on_main_process"]
+
+_T = TypeVar("_T")
+
+
+def on_main_process(function: Callable[..., _T]) -> Callable[..., _T | None]:
+    """Decorate a tracker method so it runs only on the main process when the tracker's
+    ``main_process_only`` is true (elsewhere it returns None); for custom trackers used directly.
+
+    The process is looked up when the method is called, not when the class is defined, so the
+    process group can still be configured after the tracker is built.
+    """
+
+    @functools.wraps(function)
+    def run_if_main(self: Any, *args: Any, **kwargs: Any) -> _T | None:
+        if getattr(self, "main_process_only", False) and not PartialState().is_main_process:
+            return None
+        return function(self, *args, **kwargs)
+
+    return run_if_main
 
 
 class GeneralTracker:

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from hasten.tracking.base import AbsentTracker, GeneralTracker
+from hasten.tracking.base import AbsentTracker, GeneralTracker, on_main_process
 
 
 def test_subclass_missing_required_attributes_is_refused() -> None:
@@ -47,3 +47,48 @@ def test_absent_tracker_swallows_any_call() -> None:
     assert absent.tracker.alert(title="t") is None
     with pytest.raises(AttributeError):
         absent.__fake_dunder__  # noqa: B018
+
+
+class _Decorated(GeneralTracker):
+    name = "decorated"
+    requires_logging_directory = False
+
+    def __init__(self, main_only: bool) -> None:
+        super().__init__()
+        self.main_process_only = main_only  # type: ignore[misc]
+        self.calls: list[str] = []
+
+    @property
+    def tracker(self) -> list[str]:
+        return self.calls
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Record the call."""
+        self.calls.append(f"log {values} {step}")
+
+
+class _FakeState:
+    def __init__(self, main: bool) -> None:
+        self.is_main_process = main
+
+
+def test_on_main_process_runs_only_on_the_main_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.tracking import base
+
+    assert _Decorated.log.__doc__ == "Record the call."
+    tracker = _Decorated(main_only=True)
+    monkeypatch.setattr(base, "PartialState", lambda: _FakeState(main=True))
+    tracker.log({"a": 1}, step=1)
+    monkeypatch.setattr(base, "PartialState", lambda: _FakeState(main=False))
+    assert tracker.log({"a": 2}, step=2) is None
+    assert tracker.calls == ["log {'a': 1} 1"]
+    everywhere = _Decorated(main_only=False)
+    everywhere.log({"a": 3})
+    assert everywhere.calls == ["log {'a': 3} None"]
+
+
+def test_on_main_process_with_the_real_state_in_one_process() -> None:
+    tracker = _Decorated(main_only=True)
+    tracker.log({"a": 1}, step=0)
+    assert tracker.calls == ["log {'a': 1} 0"]
