@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
+
+import torch
 
 from hasten.core.imports import require
 from hasten.tracking.base import GeneralTracker
-from hasten.tracking.values import to_scalar
+from hasten.tracking.values import SkipWarner, to_scalar
 
 __all__ = ["WandBTracker"]
 
 
 def _wandb() -> Any:
     return require("wandb", feature="The W&B tracker", extra="wandb")  # optional: wandb
+
+
+def _loggable(value: Any) -> bool:
+    """Whether W&B can serialise ``value``: numbers, text, arrays/tensors, its media objects, and
+    dicts/lists of those."""
+    if value is None or isinstance(value, str | numbers.Number | torch.Tensor):
+        return True
+    if type(value).__module__.split(".", 1)[0] in ("wandb", "numpy"):
+        return True
+    if isinstance(value, dict):
+        return all(_loggable(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_loggable(v) for v in value)
+    return False
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
@@ -40,6 +57,7 @@ class WandBTracker(GeneralTracker):
         self.run_name = run_name
         self.init_kwargs = kwargs
         self.run: Any = None
+        self._skips = SkipWarner(self.name)
 
     def start(self) -> None:
         """Create the W&B run."""
@@ -56,7 +74,17 @@ class WandBTracker(GeneralTracker):
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log ``values`` at ``step``; W&B takes numbers, strings and its media objects."""
-        self.run.log(_plain(values), step=step, **kwargs)
+        payload = _plain(values)
+        try:
+            self.run.log(payload, step=step, **kwargs)
+        except TypeError:
+            # Only on failure: find what W&B cannot serialise, skip it (one warning per key).
+            kept = {key: value for key, value in payload.items() if _loggable(value)}
+            if len(kept) == len(payload):
+                raise
+            for key in payload.keys() - kept.keys():
+                self._skips.skip(key, payload[key], "numbers, text, arrays and wandb media")
+            self.run.log(kept, step=step, **kwargs)
 
     def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log lists of images (arrays, tensors or PIL images) as ``wandb.Image``."""

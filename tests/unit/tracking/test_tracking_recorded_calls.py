@@ -63,6 +63,24 @@ def test_wandb_calls(fake_library: Any) -> None:
     run.finish.assert_called_once_with()
 
 
+def test_wandb_skips_what_it_cannot_serialise(fake_library: Any) -> None:
+    wandb = fake_library("wandb")
+    run = wandb.init.return_value
+    run.log.side_effect = [TypeError("Object of type object is not JSON serializable"), None]
+    tracker = WandBTracker("proj")
+    tracker.start()
+    bad = object()
+    with pytest.warns(UserWarning, match=r"wandb tracker skipped 'bad'"):
+        tracker.log({"loss": 0.5, "bad": bad, "hist": [1, 2]}, step=1)
+    assert run.log.call_args_list == [
+        mock.call({"loss": 0.5, "bad": bad, "hist": [1, 2]}, step=1),
+        mock.call({"loss": 0.5, "hist": [1, 2]}, step=1),
+    ]
+    run.log.side_effect = TypeError("something else")
+    with pytest.raises(TypeError, match="something else"):
+        tracker.log({"loss": 0.5}, step=2)  # nothing to drop: W&B's own error stands
+
+
 def test_comet_calls(fake_library: Any) -> None:
     comet_ml = fake_library("comet_ml")
     experiment = comet_ml.start.return_value

@@ -60,6 +60,8 @@ def test_offline_run_holds_history_and_config(offline: Path) -> None:
     run = manager.get("wandb", unwrap=True)
     for step in range(0, 30, 10):
         manager.log({"loss": torch.tensor(1.0 / (step + 1)), "acc": step / 100}, step=step)
+    with pytest.warns(UserWarning, match=r"wandb tracker skipped 'bad': got a object"):
+        manager.log({"bad": object(), "acc": 0.25}, step=25)  # W&B alone would raise TypeError
     tracker = manager.get("wandb")
     tracker.log_table("preds", columns=["x", "y"], data=[[1, 2], [3, 4]], step=30)
     with pytest.raises(ValueError, match=r"log_table\('empty'\) got neither data nor dataframe"):
@@ -80,7 +82,8 @@ def test_offline_run_holds_history_and_config(offline: Path) -> None:
         {"loss": pytest.approx(1 / 11), "acc": 0.1, "_step": 10},
         {"loss": pytest.approx(1 / 21), "acc": 0.2, "_step": 20},
     ]
-    assert metrics[3]["_step"] == 30
-    assert metrics[3]["preds/_type"] == "table-file"
-    assert metrics[3]["preds/nrows"] == 2
+    assert metrics[3] == {"acc": 0.25, "_step": 25}
+    assert metrics[4]["_step"] == 30
+    assert metrics[4]["preds/_type"] == "table-file"
+    assert metrics[4]["preds/nrows"] == 2
     assert config == {"lr": 0.01, "optimizer": {"name": "adam"}}
