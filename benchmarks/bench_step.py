@@ -126,6 +126,9 @@ def dataloader_loops(
         return run
 
     loops["raw"] = iterate(raw)
+    loops["raw_control"] = iterate(
+        torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
+    )
     for name, cls in accelerators.items():
         acc = cls(cpu=True)
         loops[name] = iterate(
@@ -150,7 +153,8 @@ def child(mode: str, steps: int, rounds: int) -> dict[str, float]:
     if mode == "dataloader":
         loops = dataloader_loops(accelerators, steps)
     else:
-        loops = {"raw": raw_loop(mode)}
+        # raw_control is a second, identical raw loop: its ratio to raw is the noise floor.
+        loops = {"raw": raw_loop(mode), "raw_control": raw_loop(mode)}
         for name, cls in accelerators.items():
             loops[name] = framework_loop(mode, cls)
     batches = make_batches(steps)
@@ -185,6 +189,7 @@ def main() -> None:
     print(
         f"{'mode':<11}{'raw us/step':>13}{'hasten':>10}{'accelerate':>12}{'hasten/raw':>12}"
         f"{'accel/raw':>11}{'hasten/raw (median)':>21}{'accel/raw (median)':>20}"
+        f"{'control/raw':>13}"
     )
     for mode in args.modes.split(","):
         out = subprocess.run(
@@ -212,8 +217,10 @@ def main() -> None:
             f"{(accel or float('nan')) * 1e6:12.1f}{res['hasten'] / raw:12.3f}{accel_ratio}"
             f"{res['hasten_median'] / res['raw_median']:21.3f}"
             f"{res.get('accelerate_median', float('nan')) / res['raw_median']:20.3f}"
+            f"{res['raw_control'] / raw:13.3f}"
         )
-    print("(dataloader row: time per batch; ratio < 1 means faster than raw)")
+    print("(dataloader row: time per batch; ratio < 1 means faster than raw; control/raw: an")
+    print(" identical raw loop, i.e. how far apart equal code lands on this machine right now)")
 
 
 if __name__ == "__main__":
