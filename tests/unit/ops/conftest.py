@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from mirror_comm import MirrorComm
 
 from hasten.ops.comm import reset_comm, set_comm
+from unit.ops.mirror_comm import MirrorComm
 
 
 @pytest.fixture

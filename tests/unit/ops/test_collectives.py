@@ -6,7 +6,6 @@ from collections import OrderedDict, namedtuple
 
 import pytest
 import torch
-from mirror_comm import MirrorComm
 
 from hasten.ops.collectives import (
     CannotPadNestedTensorWarning,
@@ -21,6 +20,7 @@ from hasten.ops.collectives import (
 )
 from hasten.ops.comm import LocalComm, set_comm
 from hasten.ops.debug import DistributedOperationException
+from unit.ops.mirror_comm import MirrorComm
 
 Pair = namedtuple("Pair", ["a", "b"])
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mirror_comm import MirrorComm
 
 from hasten.ops.debug import DistributedOperationException, signature, verify_operation
+from unit.ops.mirror_comm import MirrorComm
 
 
 def test_signature_describes_shapes_dtypes_and_masks() -> None:

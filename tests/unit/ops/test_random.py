@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from mirror_comm import MirrorComm
 
 from hasten.ops.comm import LocalComm, set_comm
 from hasten.ops.random import set_seed, synchronize_rng_state, synchronize_rng_states
+from unit.ops.mirror_comm import MirrorComm
 
 
 def _draw() -> tuple[float, float, float]:
