@@ -59,8 +59,9 @@ class CometMLTracker(GeneralTracker):
                 writer.log_metric(key, scalar, step=step, **kwargs)
             elif isinstance(value, str):
                 writer.log_other(key, value)
-            elif isinstance(value, dict):
-                writer.log_metrics(value, step=step, prefix=key, **kwargs)
+            elif isinstance(value, dict) and all(to_scalar(v) is not None for v in value.values()):
+                metrics = {name: to_scalar(v) for name, v in value.items()}
+                writer.log_metrics(metrics, step=step, prefix=key, **kwargs)
             else:
                 self._skips.skip(key, value, "numbers, strings or dicts of numbers")
 

@@ -13,6 +13,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import torch
 
 from hasten.core.imports import is_package_available
 from hasten.tracking.aim import AimTracker
@@ -90,7 +91,10 @@ def test_comet_calls(fake_library: Any) -> None:
     tracker.store_init_configuration({"lr": 0.1})
     experiment.log_parameters.assert_called_once_with({"lr": 0.1})
     with pytest.warns(UserWarning, match="comet_ml tracker skipped 'bad'"):
-        tracker.log({"loss": 0.5, "phase": "train", "eval": {"acc": 1.0}, "bad": [1]}, step=2)
+        tracker.log(
+            {"loss": 0.5, "phase": "train", "eval": {"acc": torch.tensor(1.0)}, "bad": {"x": [1]}},
+            step=2,
+        )
     assert experiment.mock_calls[1:] == [
         mock.call.set_step(2),
         mock.call.log_metric("loss", 0.5, step=2),
