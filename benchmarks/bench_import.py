@@ -30,12 +30,42 @@ def _time(code: str) -> float:
     return statistics.median(samples)
 
 
+def _importtime_ms(code: str, package: str) -> float:
+    """Cumulative import time of ``package`` (its top-level entry) after torch is loaded.
+
+    ``-X importtime`` attributes time per module, so this is robust to a busy machine in a way
+    that wall-clock differences of two interpreters are not.
+    """
+    samples = []
+    for _ in range(RUNS):
+        out = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", code],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stderr
+        total = 0
+        for line in out.splitlines():
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) == 3 and parts[2] == package:
+                total += int(parts[1])
+        samples.append(total / 1e3)
+    return statistics.median(samples)
+
+
 def main() -> None:
     results = {}
     for name, code in SNIPPETS.items():
         if name.startswith("accelerate") and importlib.util.find_spec("accelerate") is None:
             continue
         results[name] = _time(code)
+    print("cumulative import time after torch (-X importtime, median):")
+    print(
+        f"  hasten + Accelerator: {_importtime_ms(SNIPPETS['hasten.Accelerator'], 'hasten'):.1f} ms"
+    )
+    if "accelerate.Accelerator" in results:
+        ms = _importtime_ms(SNIPPETS["accelerate.Accelerator"], "accelerate")
+        print(f"  accelerate + Accelerator: {ms:.1f} ms")
     base = results["torch"]
     print(f"{'what':<26}{'median s':>10}{'over torch ms':>15}{'ratio':>8}")
     for name, seconds in results.items():
