@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hasten.core.nested import rebuild_mapping
+
 __all__ = ["share_bounds", "split_inputs"]
 
 
@@ -49,7 +51,7 @@ def _take(inputs: Any, start: int, end: int, target: int, pad: bool) -> Any:
     missing = target - (end - start) if pad and len(inputs) else 0
     if isinstance(inputs, Mapping):
         split = {key: _take(value, start, end, target, pad) for key, value in inputs.items()}
-        return split if type(inputs) is dict else type(inputs)(split)  # type: ignore[call-arg]
+        return rebuild_mapping(inputs, split)
     if isinstance(inputs, torch.Tensor):
         tensor_share = inputs[start:end]
         if missing:
@@ -65,7 +67,8 @@ def _take(inputs: Any, start: int, end: int, target: int, pad: bool) -> Any:
         share = list(inputs[start:end])
         if missing:
             share += [inputs[-1]] * missing
-        return share if isinstance(inputs, list) else type(inputs)(share)
+        # Like slicing: list and tuple subclasses (namedtuples included) come back as plain ones.
+        return share if isinstance(inputs, list) else tuple(share)
     if hasattr(inputs, "select"):
         # datasets.Dataset (optional: datasets): select rows by index, padding with the last row.
         stop = min(end, len(inputs))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict, namedtuple
 
 import numpy as np
 import pytest
@@ -40,6 +40,20 @@ def test_list_and_tuple_keep_their_type() -> None:
     assert all_shares(["a", "b", "c"], 2, pad=True) == [["a", "b"], ["c", "c"]]
     assert all_shares(("a", "b", "c"), 2) == [("a", "b"), ("c",)]
     assert all_shares(("a", "b", "c"), 2, pad=True) == [("a", "b"), ("c", "c")]
+
+
+def test_tuple_subclasses_split_like_slices() -> None:
+    pair = namedtuple("pair", ["first", "second"])  # noqa: PYI024 - a plain namedtuple on purpose
+    assert all_shares(pair("x", "y"), 2) == [("x",), ("y",)]
+    assert type(split_inputs(pair("x", "y"), 0, 2)) is tuple
+    assert all_shares(pair("x", "y"), 3, pad=True) == [("x",), ("y",), ("y",)]
+
+
+def test_defaultdict_keeps_its_factory() -> None:
+    data = defaultdict(list, {"ids": [1, 2, 3]})
+    share = split_inputs(data, 0, 2)
+    assert isinstance(share, defaultdict) and share == {"ids": [1, 2]}
+    assert share["missing"] == []
 
 
 def test_tensor_split_and_padding() -> None:
