@@ -11,9 +11,11 @@ from hasten.core.imports import is_package_available
 from hasten.tracking.clearml import title_and_series
 from hasten.tracking.manager import TrackerManager
 
-pytestmark = pytest.mark.skipif(
-    not is_package_available("clearml"), reason="clearml is an optional extra"
-)
+pytestmark = [
+    pytest.mark.skipif(not is_package_available("clearml"), reason="clearml is an optional extra"),
+    # clearml triggers deprecation warnings of its own dependencies (pyparsing, sentry_sdk).
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 _FRAMEWORKS = [
     "matplotlib",

@@ -12,9 +12,13 @@ import pytest
 from hasten.core.imports import is_package_available
 from hasten.tracking.manager import TrackerManager
 
-pytestmark = pytest.mark.skipif(
-    not is_package_available("comet_ml"), reason="comet_ml is an optional extra"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not is_package_available("comet_ml"), reason="comet_ml is an optional extra"
+    ),
+    # comet_ml triggers deprecation warnings of its own dependencies (pyparsing, sentry_sdk).
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 
 def _messages(archive: Path) -> list[dict[str, Any]]:
