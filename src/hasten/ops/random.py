@@ -7,6 +7,7 @@ a given `torch.Generator`), e.g. so that shuffling agrees before each epoch.
 
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -29,7 +30,17 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         seed: the seed.
         device_specific: add the process index, so each process draws different numbers.
         deterministic: also ask torch for deterministic algorithms (may be slower).
+
+    Raises:
+        TypeError: ``seed`` is not an integer.
     """
+    try:
+        seed = operator.index(seed)
+    except TypeError:
+        raise TypeError(
+            f"set_seed(seed={seed!r}) needs an integer seed, got {type(seed).__name__}; "
+            "pass e.g. set_seed(42) (convert strings with int())."
+        ) from None
     if device_specific:
         seed += current_comm().process_index
     random.seed(seed)

@@ -49,6 +49,14 @@ def test_set_seed_device_specific_adds_process_index(mirror: MirrorComm) -> None
     assert _draw() == specific
 
 
+def test_set_seed_accepts_numpy_integers_and_rejects_other_types(local: LocalComm) -> None:
+    set_seed(np.int64(77))
+    assert torch.initial_seed() == 77
+    for bad in ("42", 4.5, None):
+        with pytest.raises(TypeError, match=rf"set_seed\(seed={bad!r}\) needs an integer seed"):
+            set_seed(bad)  # type: ignore[arg-type]
+
+
 def test_set_seed_deterministic(local: LocalComm, restore_determinism: None) -> None:
     torch.use_deterministic_algorithms(False)
     set_seed(0, deterministic=True)
