@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from hasten.config.enums import CustomDtype
+from hasten.core.units import convert_file_size_to_int
 
 __all__ = [
     "ModuleTree",
@@ -27,49 +28,8 @@ __all__ = [
     "resolve_dtype",
 ]
 
-_UNITS = (
-    ("GIB", 2**30, False),
-    ("MIB", 2**20, False),
-    ("KIB", 2**10, False),
-    ("GB", 10**9, True),
-    ("MB", 10**6, True),
-    ("KB", 10**3, True),
-)
 _BIT_SUFFIX = re.compile(r"[^\d](\d+)$")
 _BYTE_SIZES: dict[Any, int | float] = {}
-
-
-def convert_file_size_to_int(size: int | str) -> int:
-    """Turn a size such as ``"5GB"``, ``"10GiB"`` or ``"500MB"`` into a number of bytes.
-
-    A lower-case ``b`` (``"8Gb"``) means bits, as in Accelerate. Integers pass through.
-
-    Raises:
-        ValueError: if the size is negative or not a number followed by a known unit.
-    """
-    if isinstance(size, bool) or not isinstance(size, int | str):
-        raise TypeError(f"size must be an int or a string like '10GiB', got {size!r}")
-    if isinstance(size, int):
-        if size < 0:
-            raise ValueError(f"size must be >= 0 bytes, got {size!r}")
-        return size
-    text = size.strip()
-    upper = text.upper()
-    for unit, factor, bits_allowed in _UNITS:
-        if upper.endswith(unit):
-            try:
-                value = int(float(text[: -len(unit)]) * factor)
-            except ValueError:
-                break
-            if value < 0:
-                break
-            return value // 8 if bits_allowed and text.endswith("b") else value
-    if text.isdigit():
-        return int(text)
-    raise ValueError(
-        f"size {size!r} is not in a valid format: use an integer number of bytes or a number "
-        "with a unit among GiB, MiB, KiB, GB, MB, KB (for example '10GiB' or '500MB')."
-    )
 
 
 def dtype_byte_size(dtype: torch.dtype | CustomDtype) -> int | float:

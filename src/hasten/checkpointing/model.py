@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from hasten.big_modeling.sizes import convert_file_size_to_int
 from hasten.checkpointing.io import atomic_write
 from hasten.checkpointing.tensors import dedupe_shared_tensors, safetensors_bytes
 from hasten.core.constants import (
@@ -22,6 +21,7 @@ from hasten.core.constants import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
+from hasten.core.units import convert_file_size_to_int
 
 __all__ = ["plan_shards", "save_model_weights"]
 
