@@ -30,6 +30,8 @@ def _messages(archive: Path) -> list[dict[str, Any]]:
 def test_offline_archive_holds_metrics_params_and_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Set before the first import: comet_ml otherwise hooks MLflow and other libraries.
+    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")
     import comet_ml
 
     monkeypatch.setenv("HOME", str(tmp_path))

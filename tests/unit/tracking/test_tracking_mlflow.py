@@ -20,6 +20,9 @@ pytestmark = pytest.mark.skipif(
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     # MLflow 3 keeps the file store behind this switch; the sqlite store would need SQLAlchemy.
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    # comet_ml, once imported by another test, mirrors MLflow runs into ./.cometml-runs.
+    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")
+    monkeypatch.chdir(tmp_path)
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS"):
         monkeypatch.delenv(name, raising=False)
     return (tmp_path / "mlruns").as_uri()
