@@ -140,6 +140,26 @@ def _move(obj: Any, device: Any, non_blocking: bool) -> Any:
         return obj.to(device)
 
 
+_NO_SKIP: frozenset[Any] = frozenset()
+
+
+def _send(obj: Any, device: Any, non_blocking: bool, skip: frozenset[Any]) -> Any:
+    """The general walk of `send_to_device` (module level: no closure built per call)."""
+    if isinstance(obj, _Tensor):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, (list, tuple)):
+        moved = [_send(o, device, non_blocking, skip) for o in obj]
+        return moved if type(obj) is list else honor_type(obj, moved)
+    if isinstance(obj, Mapping) and (skip or not hasattr(obj, "to")):
+        return rebuild_mapping(
+            obj,
+            {k: v if k in skip else _send(v, device, non_blocking, skip) for k, v in obj.items()},
+        )
+    if hasattr(obj, "to"):
+        return _move(obj, device, non_blocking)
+    return obj
+
+
 def send_to_device(
     tensor: Any,
     device: torch.device | str | int,
@@ -162,24 +182,18 @@ def send_to_device(
         device = "npu:0"
     if type(tensor) is _Tensor:
         return tensor.to(device, non_blocking=non_blocking)
-    skip: frozenset[str] = (
-        frozenset()
-        if skip_keys is None
-        else frozenset([skip_keys] if isinstance(skip_keys, str) else skip_keys)
-    )
-
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, _Tensor):
-            return obj.to(device, non_blocking=non_blocking)
-        if isinstance(obj, (list, tuple)):
-            return honor_type(obj, (walk(o) for o in obj))
-        if isinstance(obj, Mapping) and (skip or not hasattr(obj, "to")):
-            return rebuild_mapping(obj, {k: v if k in skip else walk(v) for k, v in obj.items()})
-        if hasattr(obj, "to"):
-            return _move(obj, device, non_blocking)
-        return obj
-
-    return walk(tensor)
+    if skip_keys is None:
+        if type(tensor) is dict:
+            # the usual batch: a plain dict, mostly of tensors
+            return {
+                k: v.to(device, non_blocking=non_blocking)
+                if type(v) is _Tensor
+                else _send(v, device, non_blocking, _NO_SKIP)
+                for k, v in tensor.items()
+            }
+        return _send(tensor, device, non_blocking, _NO_SKIP)
+    skip = frozenset([skip_keys] if isinstance(skip_keys, str) else skip_keys)
+    return _send(tensor, device, non_blocking, skip)
 
 
 def get_data_structure(data: Any) -> Any:

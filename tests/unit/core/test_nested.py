@@ -145,6 +145,24 @@ def test_send_to_device_structures_and_skip_keys() -> None:
     assert p.x.device == meta
 
 
+def test_send_to_device_plain_dict_with_mixed_values() -> None:
+    meta = torch.device("meta")
+    param = torch.nn.Parameter(torch.ones(2))
+    data = {
+        "t": torch.ones(2),
+        "p": param,
+        "seq": (torch.ones(1), "s"),
+        "obj": Movable(),
+        "n": None,
+    }
+    out = send_to_device(data, meta)
+    assert type(out) is dict and list(out) == ["t", "p", "seq", "obj", "n"]
+    assert out["t"].device == meta and out["p"].device == meta
+    assert isinstance(out["seq"], tuple) and out["seq"][0].device == meta and out["seq"][1] == "s"
+    assert out["obj"].moved_to == meta and out["n"] is None
+    assert data["t"].device.type == "cpu"  # the input dict is not modified
+
+
 def test_send_to_device_objects_with_to() -> None:
     obj = Movable()
     assert send_to_device([obj], "meta")[0].moved_to == "meta"
