@@ -139,10 +139,43 @@ def infer_auto_device_map(
         fallback_allocation=fallback_allocation,
     )
     plan = planner.run()
+    _check_room_to_run(planner, plan, budget)
     _report(plan, budget)
     if clean_result:
         return _clean(planner, plan)
     return {planner._name(item): device for item, device in plan.entries}
+
+
+def _check_room_to_run(planner: Planner, plan: Plan, budget: Mapping[DeviceKey, int]) -> None:
+    """Offloaded layers run on the main device: it must hold at least the largest layer.
+
+    Raises:
+        ValueError: naming the layer and the bytes the main device needs.
+    """
+    accelerators = [d for d in planner.devices if d not in ("cpu", "disk")]
+    main = accelerators[0] if accelerators else "cpu"
+    offloaded = ("disk",) if main in ("cpu", "mps") else ("cpu", "disk")
+    if not any(device in offloaded for _, device in plan.entries):
+        return
+    tree = planner.tree
+    largest = max(planner.layers, key=lambda i: tree.size[i], default=None)
+    if largest is None or budget.get(main, 0) >= tree.size[largest]:
+        return
+    need = tree.size[largest]
+    raise ValueError(
+        f"max_memory gives {main!r} {budget.get(main, 0)} bytes, which cannot hold even the "
+        f"largest layer ({tree.name_of(largest)!r}, {need} bytes); offloaded layers are "
+        f"brought there to run. Give {main!r} at least {need} bytes "
+        f"(max_memory[{main!r}] >= {_readable(need)!r})."
+    )
+
+
+def _readable(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f}B" if unit == "B" else f"{size:.2f}{unit}"
+        size /= 1024
+    return f"{size:.2f}GiB"
 
 
 def _report(plan: Plan, budget: Mapping[DeviceKey, int]) -> None:

@@ -161,6 +161,8 @@ class Loader:
         self.expected: dict[str, torch.Tensor] = dict(
             model.named_parameters(remove_duplicate=False)
         )
+        self.buffers = {name for name, _ in model.named_buffers()}
+        self.offload_buffers = False
         self.expected.update(model.named_buffers())
         self.loaded: set[str] = set()
         self.unexpected: list[str] = []
@@ -178,7 +180,10 @@ class Loader:
         if self.device_map is None:
             current = self.expected[name].device
             return "cpu" if current == _META else current
-        return device_for(name, self.device_map)
+        device = device_for(name, self.device_map)
+        if device == "disk" and not self.offload_buffers and name in self.buffers:
+            return "cpu"  # buffers stay loaded; the dispatch hooks move them where they run
+        return device
 
     def check_shape(self, name: str, shape: tuple[int, ...]) -> None:
         want = tuple(self.expected[name].shape)
@@ -316,7 +321,8 @@ def load_checkpoint_in_model(
         offload_folder: folder for disk-offloaded weights.
         dtype: cast floating weights to this dtype.
         offload_state_dict: stage cpu weights on disk while loading (lower peak RAM).
-        offload_buffers: accepted for compatibility; buffers follow their module.
+        offload_buffers: write the buffers of disk-mapped modules to disk too (by default they
+            are loaded, and dispatch keeps them on the execution device).
         keep_in_fp32_modules: module names whose weights stay float32 when ``dtype`` is set.
         offload_8bit_bnb: accepted for compatibility (8-bit weights are offloaded as they are).
         strict: raise if the checkpoint misses model keys or has extra keys.
@@ -352,6 +358,7 @@ def load_checkpoint_in_model(
         keep_in_fp32_modules or [],
         staging,
     )
+    loader.offload_buffers = offload_buffers
     if broadcast_from_rank0:
         load_broadcast(loader, lambda: checkpoint_files(checkpoint), load_state_dict)
     else:

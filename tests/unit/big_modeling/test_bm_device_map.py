@@ -205,10 +205,21 @@ def test_planner_matches_greedy_reference_and_respects_budgets(data: st.DataObje
     total = compute_module_sizes(model)[""]
     budget = _budget(data, total)
     no_split = data.draw(st.sampled_from([(), ("Blk",)]))
+    want = reference_map(model, budget, no_split)
+    main = 0 if 0 in budget else "cpu"
+    offloaded = {"disk"} if main == "cpu" else {"cpu", "disk"}
+    largest = _max_layer(_items("", model), compute_module_sizes(model), no_split)
+    if offloaded & set(want.values()) and budget[main] < largest:
+        # offloaded layers could never run: the main device cannot hold the largest one
+        with pytest.raises(ValueError, match=f"largest layer .*{largest} bytes"):
+            infer_auto_device_map(
+                model, max_memory=dict(budget), no_split_module_classes=list(no_split)
+            )
+        return
     got = infer_auto_device_map(
         model, max_memory=dict(budget), no_split_module_classes=list(no_split)
     )
-    assert got == reference_map(model, budget, no_split)
+    assert got == want
     check_device_map(model, got)  # every tensor placed exactly once
     for device, limit in budget.items():
         assert _placed_size(model, got, device) <= limit
@@ -220,9 +231,9 @@ def test_planner_matches_greedy_reference_and_respects_budgets(data: st.DataObje
 @pytest.mark.parametrize("cpu", [3000, 6000, 9000, 12000, 20000])
 def test_tied_weights_land_on_one_device(cpu: int) -> None:
     model = TinyLM()
-    got = infer_auto_device_map(model, max_memory={0: 4000, 1: 5000, "cpu": cpu})
+    got = infer_auto_device_map(model, max_memory={0: 5000, 1: 6000, "cpu": cpu})
     assert device_for("wte.weight", got) == device_for("lm_head.weight", got)
-    assert got == reference_map(model, {0: 4000, 1: 5000, "cpu": cpu})
+    assert got == reference_map(model, {0: 5000, 1: 6000, "cpu": cpu})
 
 
 def test_reserves_room_for_the_largest_offloaded_layer() -> None:
@@ -240,20 +251,33 @@ def test_disk_gets_what_cpu_cannot_hold_and_offload_buffers() -> None:
     got = infer_auto_device_map(model, max_memory={"cpu": 20000})
     assert "disk" in got.values() and "cpu" in got.values()
     assert _placed_size(model, got, "cpu") <= 20000
-    buffered = nn.Sequential(nn.Linear(10, 10), nn.BatchNorm1d(500))
+    buffered = nn.Sequential(*[nn.BatchNorm1d(2000) for _ in range(3)])
     with pytest.warns(UserWarning, match="bytes of buffers"):
-        loud = infer_auto_device_map(buffered, max_memory={0: 500, "cpu": 10**5})
-    quiet = infer_auto_device_map(buffered, max_memory={0: 500, "cpu": 10**5}, offload_buffers=True)
+        loud = infer_auto_device_map(buffered, max_memory={0: 33000, "cpu": 10**6})
+    quiet = infer_auto_device_map(
+        buffered, max_memory={0: 33000, "cpu": 10**6}, offload_buffers=True
+    )
     assert quiet == loud == {"": "cpu"}
+
+
+def test_main_device_must_hold_the_largest_layer() -> None:
+    model = TinyLM()
+    with pytest.raises(
+        ValueError, match=r"gives 'cpu' 4000 bytes.*largest layer \('h.0.mlp.0', 4352 bytes\)"
+    ):
+        infer_auto_device_map(model, max_memory={"cpu": 4000})
+    with pytest.raises(ValueError, match="gives 0 100 bytes"):
+        infer_auto_device_map(model, max_memory={0: 100, "cpu": 10**6})
+    assert infer_auto_device_map(model, max_memory={0: 10**6}) == {"": 0}
 
 
 def test_no_split_class_stays_whole() -> None:
     model = TinyLM()
     got = infer_auto_device_map(
-        model, max_memory={0: 9000, 1: 9000, "cpu": 10**6}, no_split_module_classes=["Block"]
+        model, max_memory={0: 14000, 1: 14000, "cpu": 10**6}, no_split_module_classes=["Block"]
     )
     assert not [k for k in got if k.startswith("h.") and k.count(".") > 1]
-    assert got == reference_map(model, {0: 9000, 1: 9000, "cpu": 10**6}, ("Block",))
+    assert got == reference_map(model, {0: 14000, 1: 14000, "cpu": 10**6}, ("Block",))
 
 
 def test_clean_result_false_lists_every_placed_item(capsys: pytest.CaptureFixture[str]) -> None:

@@ -218,3 +218,31 @@ def test_dispatch_model_writes_the_offload_folder_from_a_loaded_model(
 def test_entry_points_are_importable_from_hasten() -> None:
     assert hasten.load_checkpoint_and_dispatch is load_checkpoint_and_dispatch
     assert hasten.init_empty_weights is init_empty_weights
+
+
+@pytest.mark.parametrize("offload_buffers", [False, True])
+def test_buffers_of_disk_modules_come_from_the_checkpoint(
+    tmp_path: Path, offload_buffers: bool
+) -> None:
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).eval()
+
+    torch.manual_seed(0)
+    source = build()
+    source[1].running_mean.fill_(0.5)
+    source[1].running_var.fill_(3.0)
+    save_file(
+        {k: v.contiguous() for k, v in source.state_dict().items()}, tmp_path / "m.safetensors"
+    )
+    with init_empty_weights():
+        empty = build()
+    model = load_checkpoint_and_dispatch(
+        empty,
+        tmp_path / "m.safetensors",
+        device_map={"0": "cpu", "1": "disk", "2": "disk"},
+        offload_folder=tmp_path / "off",
+        offload_buffers=offload_buffers,
+    )
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(model(x), source(x))
