@@ -22,7 +22,7 @@ def _machine() -> tuple[int, str, bool]:
         return 1, DistributedType.NO.value, True
     if count == 1:
         return 1, DistributedType.NO.value, False
-    return count, str(platform.distributed_type.value), False
+    return count, str(platform.distributed_type), False
 
 
 def write_basic_config(

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from hasten.commands.config.questionnaire import ask, ask_choice, ask_yes_no, get_cluster_input
+
+
+def _answers(monkeypatch: pytest.MonkeyPatch, *lines: str) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(line + "\n" for line in lines)))
+
+
+def test_single_cpu_config_from_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    # machine type, cpu only, torch.compile, processes, precision
+    _answers(monkeypatch, "0", "yes", "no", "", "bf16")
+    config = get_cluster_input()
+    assert config.distributed_type == "NO"
+    assert config.use_cpu is True
+    assert config.num_processes == 1
+    assert config.mixed_precision == "bf16"
+    assert config.dynamo_config == {}
+
+
+def test_multi_machine_gpu_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answers(
+        monkeypatch,
+        "multi-GPU",  # machine type by name
+        "2",
+        "1",
+        "10.0.0.5",
+        "29600",
+        "yes",
+        "c10d",  # machines, rank, ip, port, network, rdzv
+        "yes",  # debug
+        "yes",
+        "",
+        "",
+        "no",
+        "yes",  # torch.compile: yes, INDUCTOR, default mode, fullgraph, dynamic
+        "8",
+        "0,1,2,3",  # processes, gpu ids
+        "2",  # precision fp16
+    )
+    config = get_cluster_input()
+    assert config.distributed_type == "MULTI_GPU"
+    assert (config.num_machines, config.machine_rank) == (2, 1)
+    assert (config.main_process_ip, config.main_process_port) == ("10.0.0.5", 29600)
+    assert config.rdzv_backend == "c10d"
+    assert config.debug is True
+    assert config.use_cpu is False
+    assert config.dynamo_config == {
+        "dynamo_backend": "INDUCTOR",
+        "dynamo_mode": "default",
+        "dynamo_use_fullgraph": False,
+        "dynamo_use_dynamic": True,
+    }
+    assert (config.num_processes, config.gpu_ids, config.mixed_precision) == (8, "0,1,2,3", "fp16")
+
+
+def test_invalid_answers_are_asked_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _answers(monkeypatch, "zero", "-1", "3")
+    assert ask("How many?", lambda s: int(s) if int(s) > 0 else int("x"), 1) == 3
+    assert capsys.readouterr().out.count("Invalid answer") == 2
+
+
+def test_too_many_invalid_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answers(monkeypatch, *["maybe"] * 5)
+    with pytest.raises(ValueError, match="Too many invalid answers"):
+        ask_yes_no("Sure?")
+
+
+def test_closed_stdin_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answers(monkeypatch)
+    with pytest.raises(ValueError, match="No answer on stdin"):
+        ask_choice("Pick", ["a", "b"])
+
+
+def test_choice_by_number_or_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answers(monkeypatch, "B", "0", "")
+    assert ask_choice("Pick", ["a", "b"]) == 1
+    assert ask_choice("Pick", ["a", "b"]) == 0
+    assert ask_choice("Pick", ["a", "b"], default=1) == 1
