@@ -257,23 +257,43 @@ class ModuleTree:
     def _sum_inside(
         self, module: nn.Module, outer: int, seen_modules: set[int]
     ) -> tuple[int | float, int | float]:
-        """Sizes of everything below a no-split module, in module order, without recording it."""
+        """Sizes of everything below a no-split module, in module order, without recording it.
+
+        Only containers are checked against ``seen_modules`` (that stops cycles); a shared leaf
+        met twice adds nothing, since its tensors are already counted, and marks a tie.
+        """
         total: int | float = 0
         buffers: int | float = 0
-        count = self._count
+        count, seen, seen_add = self._count, self._seen, self._seen.add
+        cache_get, per_element = self._sizer.cache.get, self._sizer.per_element
+        special = self._sizer.special is not None
         stack = list(module._modules.values())
         stack.reverse()
         pop, extend = stack.pop, stack.extend
         while stack:
             inner = pop()
-            if inner is None or id(inner) in seen_modules:
+            if inner is None:
                 continue
-            seen_modules.add(id(inner))
-            if inner._parameters or inner._buffers:
-                t, b = count(inner, outer)
-                total += t
-                buffers += b
             kids = inner._modules
+            if kids:
+                if id(inner) in seen_modules:
+                    self._has_ties = True
+                    continue
+                seen_modules.add(id(inner))
+            if special or inner._buffers:
+                inner_total, inner_buffers = count(inner, outer)
+                total += inner_total
+                buffers += inner_buffers
+            else:
+                for tensor in inner._parameters.values():
+                    if tensor is None:
+                        continue
+                    if id(tensor) in seen:
+                        self._has_ties = True
+                        continue
+                    seen_add(id(tensor))
+                    b = cache_get(tensor.dtype)
+                    total += tensor.numel() * (b if b is not None else per_element(tensor.dtype))
             if kids:
                 extend(reversed(kids.values()))
         return total, buffers
