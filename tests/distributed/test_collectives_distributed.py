@@ -38,7 +38,17 @@ def _tensor_collectives() -> dict[str, Any]:
     biggest = reduce(torch.tensor([rank, 5 - rank]), reduction="max")
     mine = [torch.full((2,), float(rank)), torch.full((3, 2), float(rank)).t()]
     returned = broadcast(mine, from_process=1)
+    # a training loss still attached to its graph: gloo cannot gather it in place
+    loss = torch.full((2,), float(rank + 1), requires_grad=True) * 2
+    gathered_loss = gather(loss)
+    gathered_mixed = gather({"loss": loss, "w": torch.ones(1, requires_grad=True)})
     return {
+        "gathered_loss": (gathered_loss.tolist(), gathered_loss.requires_grad),
+        "gathered_mixed": (
+            gathered_mixed["loss"].tolist(),
+            gathered_mixed["w"].tolist(),
+            gathered_mixed["loss"].requires_grad or gathered_mixed["w"].requires_grad,
+        ),
         "comm": isinstance(current_comm(), TorchComm),
         "types": (type(gathered["p"]).__name__, type(gathered["o"]).__name__),
         "gathered_a": gathered["p"].a.tolist(),
@@ -69,6 +79,8 @@ def test_gather_reduce_broadcast_on_two_processes() -> None:
         assert out["max"] == [1, 5]
         assert out["broadcast_same_objects"]
         assert out["broadcast"] == [[1.0, 1.0], [[1.0] * 3, [1.0] * 3]]
+        assert out["gathered_loss"] == ([2.0, 2.0, 4.0, 4.0], False)
+        assert out["gathered_mixed"] == ([2.0, 2.0, 4.0, 4.0], [1.0, 1.0], False)
 
 
 def _object_and_padding() -> dict[str, Any]:

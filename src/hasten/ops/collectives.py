@@ -49,14 +49,13 @@ def _check_source(from_process: int, comm: Communicator, op: str) -> None:
 def _gather_group(comm: Communicator, group: list[torch.Tensor], data: Any) -> list[torch.Tensor]:
     world = comm.num_processes
     shapes = [t.shape if t.dim() else torch.Size([1]) for t in group]
+    # Gathered values carry no autograd history (as with torch.distributed.all_gather), and
+    # gloo's gather-into-one-buffer fails outright on inputs that require grad (e.g. a loss).
     if len(group) == 1:
-        flat = group[0].reshape(-1)
-        buffer = comm.all_gather(
-            flat if flat.is_contiguous() else flat.contiguous(), "gather", data
-        )
+        buffer = comm.all_gather(group[0].detach().reshape(-1), "gather", data)
         return [buffer.view(world * shapes[0][0], *shapes[0][1:])]
     sizes = [t.numel() for t in group]
-    buffer = comm.all_gather(torch.cat([t.reshape(-1) for t in group]), "gather", data)
+    buffer = comm.all_gather(torch.cat([t.detach().reshape(-1) for t in group]), "gather", data)
     pieces = buffer.view(world, -1).split(sizes, dim=1)
     return [p.reshape(world * s[0], *s[1:]) for p, s in zip(pieces, shapes)]
 
