@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -117,7 +117,7 @@ def test_errors(checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     config = BnbQuantizationConfig(load_in_8bit=True)
     with pytest.raises(TypeError, match="BnbQuantizationConfig"):
         quant.load_and_quantize_model(_empty(), {"load_in_8bit": True})  # type: ignore[arg-type]
-    if "bitsandbytes" in sys.modules or pytest.importorskip("bitsandbytes"):
+    if importlib.util.find_spec("bitsandbytes") is not None:
         with pytest.raises(ValueError, match="needs weights_location"):
             quant.load_and_quantize_model(_empty(), config)
     monkeypatch.setattr(quant, "require", _missing)
