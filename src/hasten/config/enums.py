@@ -60,7 +60,10 @@ class _StrEnum(str, enum.Enum, metaclass=_ValueContainsMeta):
             for member in cls:
                 if member.value.lower() == value.lower():
                     return member
-        return None
+        # Raised from here, this replaces Enum's bare "'x' is not a valid Y" message.
+        raise ValueError(
+            f"{value!r} is not a valid {cls.__name__}; use one of {cls.list()} (any case)."
+        )
 
 
 class ComputeEnvironment(_StrEnum):

@@ -100,8 +100,13 @@ def test_lookup_is_case_insensitive() -> None:
     assert PrecisionType("FP16") is PrecisionType.FP16
     assert DynamoBackend("inductor") is DynamoBackend.INDUCTOR
     assert DistributedType("multi_gpu") is DistributedType.MULTI_GPU
-    with pytest.raises(ValueError, match="'nope' is not a valid PrecisionType"):
+    with pytest.raises(
+        ValueError,
+        match=r"'nope' is not a valid PrecisionType; use one of \['no', 'fp8', 'fp16', 'bf16'\]",
+    ):
         PrecisionType("nope")
+    with pytest.raises(ValueError, match=r"3 is not a valid DistributedType; use one of \['NO', "):
+        DistributedType(3)  # type: ignore[arg-type]
 
 
 def test_all_is_sorted_and_complete() -> None:
