@@ -245,3 +245,29 @@ def test_bad_config_key_is_a_one_line_error(tmp_path: Path) -> None:
     out = _hasten("launch", "--config_file", str(config), "x.py", env=_env(tmp_path))
     assert out.returncode == 2
     assert "Unknown key(s) ['num_gpu']" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_stopping_the_launcher_stops_its_workers(tmp_path: Path) -> None:
+    import signal
+
+    script = _script(
+        tmp_path,
+        "sleepy.py",
+        "import os, time\nprint('started', os.getpid(), flush=True)\ntime.sleep(60)\n",
+    )
+    proc = _start("launch", "--cpu", "--num_processes", "2", script, env=_env(tmp_path))
+    assert proc.stdout is not None
+    pids = []
+    while len(pids) < 2:
+        line = proc.stdout.readline()
+        assert line, "launcher ended before its workers started"
+        if line.startswith("started"):
+            pids.append(int(line.split()[1]))
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "received SIGTERM; workers stopped" in rest
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -30,9 +30,7 @@ _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, ImportError, RuntimeEr
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Return the ``hasten`` parser with every subcommand, or only `only` (faster)."""
-    parser = argparse.ArgumentParser(
-        "hasten", usage="hasten <command> [<args>]", allow_abbrev=False
-    )
+    parser = argparse.ArgumentParser("hasten", allow_abbrev=False)
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
     for name, module_name in COMMANDS.items():
         if only is not None and name != only:

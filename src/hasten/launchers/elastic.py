@@ -146,8 +146,11 @@ def format_failures(failures: Mapping[int, Any]) -> tuple[str, int]:
 
 
 def _run_elastic(plan: LaunchPlan, env: Mapping[str, str]) -> int:
+    # deferred: these import all of torch, which a single-process launch never needs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch  # deferred: imports all of torch
+    from torch.distributed.elastic.rendezvous import RendezvousError
+    from torch.distributed.launcher.api import elastic_launch
 
     apply_worker_env(env)
     config = launch_config(plan, _choose_port(plan))
@@ -158,6 +161,19 @@ def _run_elastic(plan: LaunchPlan, env: Mapping[str, str]) -> int:
         text, code = format_failures(err.failures)
         print(text, file=sys.stderr, flush=True)
         return code
+    except SignalException as err:
+        # The launcher itself was told to stop (Ctrl-C, scheduler preemption): workers are
+        # already stopped by the agent; exit like a process killed by that signal.
+        print(f"hasten launch: received {err.sigval.name}; workers stopped.", file=sys.stderr)
+        return 128 + int(err.sigval)
+    except RendezvousError as err:
+        print(
+            f"hasten launch: rendezvous at {plan.rdzv_endpoint} failed ({err}). Check that "
+            "every machine uses the same --main_process_ip/--main_process_port and "
+            "--num_machines, and that machine 0 is reachable.",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -110,3 +110,43 @@ def test_single_process_runs_directly_and_propagates_exit_code(tmp_path: Path) -
     env = {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "5"}
     code = run(LaunchPlan(str(script), ("2",)), env, replace_process=False)
     assert code == 7
+
+
+@pytest.mark.parametrize(
+    ("make_error", "code", "message"),
+    [
+        (
+            lambda: __import__(
+                "torch.distributed.elastic.multiprocessing.api", fromlist=["x"]
+            ).SignalException("stop", sigval=__import__("signal").SIGINT),
+            130,
+            "received SIGINT",
+        ),
+        (
+            lambda: __import__(
+                "torch.distributed.elastic.rendezvous", fromlist=["x"]
+            ).RendezvousTimeoutError("nobody came"),
+            1,
+            "rendezvous at 127.0.0.1:",
+        ),
+    ],
+)
+def test_launcher_stops_and_rendezvous_failures_are_exit_codes(
+    make_error: Any,
+    code: int,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import torch.distributed.launcher.api as api
+
+    def fake_launch(config: Any, entrypoint: Any) -> Any:
+        def call(*args: Any) -> None:
+            raise make_error()
+
+        return call
+
+    monkeypatch.setattr(api, "elastic_launch", fake_launch)
+    monkeypatch.setattr(elastic, "apply_worker_env", lambda env: None)
+    assert run(LaunchPlan("t.py", num_processes=2, main_process_port=0), {}) == code
+    assert message in capsys.readouterr().err
