@@ -143,7 +143,7 @@ def infer_auto_device_map(
     _report(plan, budget)
     if clean_result:
         return _clean(planner, plan)
-    return {planner._name(item): device for item, device in plan.entries}
+    return {planner.name(item): device for item, device in plan.entries}
 
 
 def _check_room_to_run(planner: Planner, plan: Plan, budget: Mapping[DeviceKey, int]) -> None:
@@ -229,7 +229,7 @@ def _clean(planner: Planner, plan: Plan) -> dict[str, int | str]:
             continue
         for item, device in entries:
             if item != node:
-                result[planner._name(item)] = device
+                result[planner.name(item)] = device
         stack.extend(sorted(touched.get(node, ()), reverse=True))
     return result
 

@@ -223,6 +223,15 @@ class Loader:
             raise _corrupt(path, err) from err
         size = os.path.getsize(path)
         handles: dict[str, Any] = {}
+
+        def read(key: str) -> torch.Tensor:
+            # one handle per target device, so each tensor is read straight onto its device
+            target = self.device(key)
+            where = "cpu" if target in ("disk", None) else str(as_device(target))
+            if where not in handles:
+                handles[where] = safe_open(path, framework="pt", device=where).__enter__()
+            return handles[where].get_tensor(key)
+
         try:
             for name, info in header.items():
                 if name not in self.expected:
@@ -232,17 +241,8 @@ class Loader:
                 if start + info["data_offsets"][1] > size:
                     raise _corrupt(path, EOFError(f"tensor {name!r} runs past the end of the file"))
                 stored = _stored_dtype(info["dtype"])
-                if self._index_in_place(name, path, stored):
-                    continue
-
-                def read(key: str, _path: str = path) -> torch.Tensor:
-                    target = self.device(key)
-                    where = "cpu" if target in ("disk", None) else str(as_device(target))
-                    if where not in handles:
-                        handles[where] = safe_open(_path, framework="pt", device=where).__enter__()
-                    return handles[where].get_tensor(key)
-
-                self.place(name, read, stored)
+                if not self._index_in_place(name, path, stored):
+                    self.place(name, read, stored)
         except (RuntimeError, SafetensorError) as err:
             raise _corrupt(path, err) from err
         finally:

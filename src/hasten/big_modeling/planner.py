@@ -120,7 +120,8 @@ class Planner:
                 members.append((tree.holder(full), full))
             self.tied_groups.append(members)
 
-    def _name(self, item: _Item) -> str:
+    def name(self, item: _Item) -> str:
+        """Full name of an item (a module, or a tensor of a split module)."""
         if type(item) is int:
             return self.tree.name_of(item)
         node, local, _, _ = item  # type: ignore[misc]
@@ -130,7 +131,7 @@ class Planner:
     def _contains(self, item: _Item, node: int, full: str) -> bool:
         if type(item) is int:
             return item <= node < self.tree.end[item]
-        return self._name(item) == full
+        return self.name(item) == full
 
     def _tied_outside(self, item: _Item) -> list[tuple[int, str]]:
         outside: list[tuple[int, str]] = []
@@ -209,13 +210,13 @@ class Planner:
             self._assign(item, [stack[p] for p in holders], device, stack, plan, size)
             return False
         self._log(
-            f"Not enough space on {device} for {self._name(item)} (available {limit - used}, "
+            f"Not enough space on {device} for {self.name(item)} (available {limit - used}, "
             f"needed {with_ties})."
         )
         if holders and used + size <= limit and self._split_tied(item, holders, stack):
             return False
         if used + size >= limit and self._splittable(item):
-            self._log(f"Splitting {self._name(item)}.")
+            self._log(f"Splitting {self.name(item)}.")
             stack.extend(reversed(self._expand(item)))  # type: ignore[arg-type]
             return False
         if used == 0 and self.fallback_allocation and self._fallback(item, device, stack, plan):
@@ -223,7 +224,7 @@ class Planner:
         if used == 0:
             plan.too_small[device] = with_ties + reserved
         plan.used[device] = used + reserved
-        self._log(f"{self._name(item)} does not fit on {device}: moving to the next device.")
+        self._log(f"{self.name(item)} does not fit on {device}: moving to the next device.")
         return True
 
     def _assign(
@@ -237,14 +238,14 @@ class Planner:
     ) -> None:
         extra = sum(self._size(t) for t in tied)
         plan.used[device] += size + extra
-        self._log(f"Putting {self._name(item)} (size={size}) on {device}.")
+        self._log(f"Putting {self.name(item)} (size={size}) on {device}.")
         plan.entries.append((item, device))
         self._placed(item, in_order=True)
         for other in tied:
             stack.remove(other)
             plan.entries.append((other, device))
             self._placed(other, in_order=False)
-            self._log(f"Putting tied {self._name(other)} on {device}.")
+            self._log(f"Putting tied {self.name(other)} on {device}.")
         if type(item) is int and not self.offload_buffers and device in ("cpu", "disk"):
             plan.offloaded_buffers += self.tree.buffer_size[item]
 
@@ -252,7 +253,7 @@ class Planner:
         for pos in holders:
             other = stack[pos]
             if self._splittable(other):
-                self._log(f"Splitting tied {self._name(other)}.")
+                self._log(f"Splitting tied {self.name(other)}.")
                 stack[pos : pos + 1] = reversed(self._expand(other))  # type: ignore[arg-type]
                 stack.append(item)
                 return True
