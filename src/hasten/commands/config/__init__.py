@@ -9,12 +9,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hasten.commands.config.config_args import default_config_path
+from hasten.commands.config.config_args import (
+    default_config_file,
+    default_config_path,
+    load_config_from_file,
+)
 from hasten.commands.config.default import default_command_parser
 from hasten.commands.config.questionnaire import get_cluster_input
 from hasten.commands.config.update import update_command_parser
 
-__all__ = ["config_command", "get_config_parser", "register"]
+__all__ = [
+    "config_command",
+    "default_config_file",
+    "get_config_parser",
+    "load_config_from_file",
+    "register",
+]
 
 
 def get_config_parser(subparsers: Any = None) -> argparse.ArgumentParser:
