@@ -111,25 +111,40 @@ def recursively_apply(
     """
     if test_type is is_torch_tensor and type(data) is _Tensor:
         return func(data, *args, **kwargs)
+    return _apply(data, func, args, kwargs, test_type, error_on_other_type)
 
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, (list, tuple)):
-            return honor_type(obj, (walk(o) for o in obj))
-        if isinstance(obj, Mapping):
-            return rebuild_mapping(obj, {k: walk(v) for k, v in obj.items()})
-        if test_type(obj):
-            return func(obj, *args, **kwargs)
-        if error_on_other_type:
-            name = getattr(func, "__name__", repr(func))
-            test = getattr(test_type, "__name__", repr(test_type))
-            raise TypeError(
-                f"Unsupported type {type(obj).__name__!r} passed to `{name}`: only nested "
-                f"list/tuple/dict structures of objects accepted by `{test}` are allowed. "
-                "Convert it to a tensor or remove it from the structure."
-            )
-        return obj
 
-    return walk(data)
+def _apply(
+    obj: Any,
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    test_type: Callable[[Any], bool],
+    error_on_other_type: bool,
+) -> Any:
+    """The walk of `recursively_apply` (module level: no closure built per call)."""
+    if isinstance(obj, (list, tuple)):
+        done = [_apply(o, func, args, kwargs, test_type, error_on_other_type) for o in obj]
+        return done if type(obj) is list else honor_type(obj, done)
+    if isinstance(obj, Mapping):
+        return rebuild_mapping(
+            obj,
+            {
+                k: _apply(v, func, args, kwargs, test_type, error_on_other_type)
+                for k, v in obj.items()
+            },
+        )
+    if test_type(obj):
+        return func(obj, *args, **kwargs)
+    if error_on_other_type:
+        name = getattr(func, "__name__", repr(func))
+        test = getattr(test_type, "__name__", repr(test_type))
+        raise TypeError(
+            f"Unsupported type {type(obj).__name__!r} passed to `{name}`: only nested "
+            f"list/tuple/dict structures of objects accepted by `{test}` are allowed. "
+            "Convert it to a tensor or remove it from the structure."
+        )
+    return obj
 
 
 def _move(obj: Any, device: Any, non_blocking: bool) -> Any:
