@@ -1,9 +1,15 @@
 """Launch engine: `hasten launch` planning and running, plus the in-Python launchers.
 
-`notebook_launcher` and `debug_launcher` live in `hasten.launchers.notebook`; importing this
-package loads no torch (every heavy import is deferred to the call).
+`notebook_launcher` and `debug_launcher` live in `hasten.launchers.notebook` and are loaded on
+first use, so a worker starting through `hasten.launchers.bootstrap` imports nothing extra.
 """
 
-from hasten.launchers.notebook import debug_launcher, notebook_launcher
+from hasten.core.lazy import lazy_namespace
+
+_TABLE: dict[str, list[str]] = {
+    "hasten.launchers.notebook": ["debug_launcher", "notebook_launcher"],
+}
+
+__getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())
 
 __all__ = ["debug_launcher", "notebook_launcher"]
