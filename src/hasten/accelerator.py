@@ -296,6 +296,8 @@ class Accelerator:
         self._custom_objects: list[Any] = []
         self._prepared = PreparedRegistry()
         self._checkpoints = CheckpointManager(self.project_configuration)
+        # With automatic checkpoint naming, SIGTERM/SIGUSR1 checkpoint and exit with code 75.
+        self._checkpoints.watch_preemption(self.save_state)
 
     def _setup_backends(self, deepspeed: Any, fsdp: Any, megatron: Any) -> None:
         """Pick strategy and precision once; everything per step dispatches through them."""
@@ -1017,7 +1019,7 @@ class Accelerator:
 
     def end_training(self) -> None:
         """Finish a pending asynchronous save, close the trackers and wait for every process."""
-        self._checkpoints.wait()
+        self._checkpoints.finish()
         self._trackers.finish()
         self.wait_for_everyone()
 

@@ -1,18 +1,19 @@
 """A training script for the exact-resume tests, run as a fresh process (or under hasten launch).
 
-Usage: ``resume_script.py OUT PHASE [--save-at N] [--convention skip|direct] [--preempt]``.
+Usage: ``resume_script.py OUT PHASE [--save-at N] [--convention skip|direct] [--step-delay S]``.
 
 It trains a small model with dropout, shuffling, gradient accumulation, an LR scheduler and
 fp16 with a GradScaler for EPOCHS epochs, and writes every step's loss and the final weights
 to ``OUT/<phase>_<rank>.pt``. Phases: ``full`` (no interruption), ``first`` (stop after
-``--save-at`` steps with save_state), ``second`` (load_state, then finish). With ``--preempt``
-it checkpoints automatically under ``OUT/project`` and, once restarted, resumes from the newest
-complete checkpoint (the preemption test sends the signal).
+``--save-at`` steps with save_state), ``second`` (load_state, then finish), ``preempt``
+(automatic checkpoint naming under ``OUT/project``, so a preemption signal checkpoints and exits;
+a restarted attempt resumes with ``load_state()``; results go to ``OUT/attempt<k>_<rank>.pt``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,21 +72,45 @@ class Progress:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("phase", choices=["full", "first", "second"])
+    parser.add_argument("phase", choices=["full", "first", "second", "preempt"])
     parser.add_argument("--save-at", type=int, default=0)
     parser.add_argument("--convention", choices=["skip", "direct"], default="skip")
-    parser.add_argument("--preempt", action="store_true")
     parser.add_argument("--step-delay", type=float, default=0.0)
     args = parser.parse_args()
-    project = args.out / "project" if args.preempt else None
+    preempt = args.phase == "preempt"
+    project = args.out / "project" if preempt else None
+    resuming = args.phase == "second" or (
+        preempt and (args.out / "project" / "checkpoints").is_dir()
+    )
     # A different seed when resuming: everything that matters must come from the checkpoint.
-    seed = 1234 if args.phase == "second" else 0
-    accelerator, model, optimizer, loader, scheduler = _build(seed, project)
+    accelerator, model, optimizer, loader, scheduler = _build(1234 if resuming else 0, project)
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
-    if args.phase == "second":
-        accelerator.load_state(None if args.preempt else str(args.out / "checkpoint"))
+    if resuming:
+        accelerator.load_state(None if preempt else str(args.out / "checkpoint"))
+    rank = accelerator.process_index
+    phase = args.phase
+    if preempt:  # one result file per attempt; the test signals the pid once training runs
+        phase = f"attempt{len(list(args.out.glob(f'attempt*_{rank}.pt')))}"
+        (args.out / f"pid_{rank}").write_text(str(os.getpid()))
     losses: list[float] = []
+    try:
+        _train(args, accelerator, model, optimizer, loader, scheduler, progress, losses)
+    finally:
+        _dump(args.out, phase, accelerator, model, losses)
+    return 0
+
+
+def _train(
+    args: argparse.Namespace,
+    accelerator: Accelerator,
+    model: Any,
+    optimizer: Any,
+    loader: Any,
+    scheduler: Any,
+    progress: Progress,
+    losses: list[float],
+) -> None:
     start_epoch, skip = divmod(progress.done, len(loader))
     for epoch in range(start_epoch, EPOCHS):
         active = loader
@@ -100,14 +125,13 @@ def main() -> int:
                 optimizer.zero_grad()
             losses.append(loss.item())
             progress.done += 1
-            time.sleep(args.step_delay)
+            if args.step_delay:
+                (args.out / f"progress_{accelerator.process_index}").write_text(str(progress.done))
+                time.sleep(args.step_delay)
             if args.phase == "first" and progress.done == args.save_at:
                 accelerator.save_state(str(args.out / "checkpoint"))
-                _dump(args.out, args.phase, accelerator, model, losses)
-                return 0
+                return
     accelerator.end_training()
-    _dump(args.out, args.phase, accelerator, model, losses)
-    return 0
 
 
 def _dump(out: Path, phase: str, accelerator: Accelerator, model: Any, losses: list[float]) -> None:

@@ -1,5 +1,8 @@
 """Exact resume: 2N steps straight equal N steps + save_state + fresh processes + load_state + N.
 
+Also preemption end to end: a SIGTERM mid-epoch checkpoints, the launcher restarts, the run
+continues exactly.
+
 `resume_script.py` trains with shuffling, dropout, gradient accumulation (saved mid-cycle), an
 LR scheduler and fp16 with a GradScaler. One process runs in this process (state reset between
 phases, a different seed for the resumed phase); two processes go through ``hasten launch``.
@@ -9,8 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,6 +25,7 @@ from unittest.mock import patch
 import pytest
 import torch
 
+from hasten.checkpointing.preemption import PREEMPTED_EXIT_CODE
 from hasten.state._shared import reset_state
 
 pytestmark = pytest.mark.cli
@@ -134,3 +141,50 @@ def test_two_processes_resume_bitwise(launched_reference: Path, tmp_path: Path) 
     for rank in (0, 1):
         assert len(results(launched_reference, "full", rank)["losses"]) == 12
         assert_resumed_exactly(launched_reference, tmp_path, rank)
+
+
+def _wait_for_progress(out: Path, rank: int, steps: int, proc: subprocess.Popen[str]) -> int:
+    deadline = time.monotonic() + 120
+    progress = out / f"progress_{rank}"
+    while time.monotonic() < deadline and proc.poll() is None:
+        if progress.is_file() and progress.read_text().strip().isdigit():
+            done = int(progress.read_text())
+            if done >= steps:
+                return done
+        time.sleep(0.05)
+    raise AssertionError(f"training never reached step {steps}: {proc.communicate()}")
+
+
+@pytest.mark.timeout(300)
+def test_preempted_job_checkpoints_restarts_and_continues_exactly(
+    launched_reference: Path, tmp_path: Path
+) -> None:
+    # SIGTERM reaches one worker only, mid-epoch: both agree at the same step, save
+    # checkpoint_0 together and exit with code 75; the launcher restarts them once and
+    # load_state() resumes from the newest complete checkpoint (iterating the loader directly).
+    command = [str(HASTEN), "launch", "--cpu", "--num_processes", "2", "--max_restarts", "1"]
+    args = [str(SCRIPT), str(tmp_path), "preempt", "--convention", "direct"]
+    with subprocess.Popen(
+        [*command, *args, "--step-delay", "0.25"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        try:
+            _wait_for_progress(tmp_path, 1, 3, proc)
+            os.kill(int((tmp_path / "pid_1").read_text()), signal.SIGTERM)
+            output, _ = proc.communicate(timeout=150)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert f"exiting with code {PREEMPTED_EXIT_CODE}" in output
+    assert sorted(p.name for p in (tmp_path / "project" / "checkpoints").iterdir()) == [
+        "checkpoint_0"
+    ]
+    for rank in (0, 1):
+        before, after = results(tmp_path, "attempt0", rank), results(tmp_path, "attempt1", rank)
+        assert 3 <= len(before["losses"]) < 12  # stopped mid-run, after the step it was in
+        full = results(launched_reference, "full", rank)
+        assert before["losses"] + after["losses"] == full["losses"]
+        for name, value in full["weights"].items():
+            assert torch.equal(after["weights"][name], value), name

@@ -8,6 +8,7 @@ from hasten.checkpointing.io import UnsafeCheckpointError, load, save
 from hasten.checkpointing.manager import CheckpointManager, check_checkpointable
 from hasten.checkpointing.manifest import CorruptCheckpointError
 from hasten.checkpointing.model import save_model_weights
+from hasten.checkpointing.preemption import PREEMPTED_EXIT_CODE
 from hasten.checkpointing.state import (
     CheckpointContents,
     load_accelerator_state,
@@ -15,6 +16,7 @@ from hasten.checkpointing.state import (
 )
 
 __all__ = [
+    "PREEMPTED_EXIT_CODE",
     "CheckpointContents",
     "CheckpointManager",
     "CorruptCheckpointError",

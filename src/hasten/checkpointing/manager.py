@@ -8,6 +8,7 @@ writing and reading to `hasten.checkpointing.state`.
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from hasten.checkpointing import layout
+from hasten.checkpointing.preemption import PreemptionWatcher
 from hasten.checkpointing.state import (
     CheckpointContents,
     load_accelerator_state,
@@ -59,6 +61,7 @@ class CheckpointManager:
         self._save_hooks: OrderedDict[int, SaveHook] = OrderedDict()
         self._load_hooks: OrderedDict[int, LoadHook] = OrderedDict()
         self._pending: PendingSave | None = None
+        self._watcher: PreemptionWatcher | None = None
 
     def register_save_state_pre_hook(self, hook: SaveHook) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` before saving; it may edit ``weights``."""
@@ -94,6 +97,38 @@ class CheckpointManager:
                 "automatic_checkpoint_naming=True (and a project_dir)."
             )
         return Path(output_dir)
+
+    def watch_preemption(self, save_state: Callable[[], str]) -> bool:
+        """Checkpoint and exit on SIGTERM/SIGUSR1 when automatic naming is configured.
+
+        ``save_state`` (a bound method, held weakly) saves on every process. Returns whether
+        the watcher is active (it needs automatic_checkpoint_naming, a project_dir and the
+        main thread).
+        """
+        config = self.project_config
+        if not config.automatic_checkpoint_naming or config.project_dir is None:
+            return False
+        method = weakref.WeakMethod(save_state)
+
+        def save() -> str:
+            bound = method()
+            if bound is None:
+                raise RuntimeError("The Accelerator that asked for preemption checkpoints is gone.")
+            return bound()
+
+        watcher = PreemptionWatcher(save)
+        if not watcher.install():
+            return False
+        self._watcher = watcher
+        weakref.finalize(self, watcher.uninstall)
+        return True
+
+    def finish(self) -> None:
+        """End of training: finish a pending save and stop watching for preemption."""
+        self.wait()
+        if self._watcher is not None:
+            self._watcher.uninstall()
+            self._watcher = None
 
     def wait(self) -> None:
         """Finish a pending asynchronous save, raising if it failed."""

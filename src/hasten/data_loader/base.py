@@ -278,6 +278,9 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
     # -- iteration ---------------------------------------------------------------------------
 
     _move_to: Any = None  # DataLoaderShard: the device batches go to (None: no move)
+    # Set by an upper layer (checkpointing's preemption watcher) to run between two batches,
+    # once the step on the previous batch is complete; None costs one check per batch.
+    batch_boundary_hook: Callable[[], None] | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         skip, restore_rng = self._start_epoch()
@@ -296,6 +299,7 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
             position = skip + self._offset
             device, non_blocking = self._move_to, getattr(self, "_non_blocking", False)
             progress = self._progress  # a slotted cell: cheaper than DataLoader.__setattr__
+            boundary = ResumableDataLoader.batch_boundary_hook
             while True:
                 if device is not None:
                     current = send_to_device(current, device, non_blocking=non_blocking)
@@ -306,6 +310,8 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
                 position += 1
                 progress.position = position
                 yield current
+                if boundary is not None:
+                    boundary()
                 current = upcoming
             self.end_of_dataloader = True
             progress.position = -1

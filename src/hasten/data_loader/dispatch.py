@@ -151,6 +151,7 @@ class DataLoaderDispatcher(ResumableDataLoader):
         state = self.state
         n, rank = state.num_processes, state.process_index
         head: Any = None
+        boundary = self.batch_boundary_hook
         while True:
             batch, current, last = self._receive(rounds, current)
             if batch is None:
@@ -177,6 +178,8 @@ class DataLoaderDispatcher(ResumableDataLoader):
             position += 1
             self._position = position
             yield mine
+            if boundary is not None:  # the step on the previous batch is complete
+                boundary()
 
     def __len__(self) -> int:
         whole = super().__len__()

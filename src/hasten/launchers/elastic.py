@@ -153,28 +153,44 @@ def _run_elastic(plan: LaunchPlan, env: Mapping[str, str]) -> int:
     from torch.distributed.launcher.api import elastic_launch
 
     apply_worker_env(env)
-    config = launch_config(plan, _choose_port(plan))
     entrypoint, args = worker_command(plan)
-    try:
-        elastic_launch(config, entrypoint)(*args)
-    except ChildFailedError as err:
-        text, code = format_failures(err.failures)
-        print(text, file=sys.stderr, flush=True)
-        return code
-    except SignalException as err:
-        # The launcher itself was told to stop (Ctrl-C, scheduler preemption): workers are
-        # already stopped by the agent; exit like a process killed by that signal.
-        print(f"hasten launch: received {err.sigval.name}; workers stopped.", file=sys.stderr)
-        return 128 + int(err.sigval)
-    except RendezvousError as err:
-        print(
-            f"hasten launch: rendezvous at {plan.rdzv_endpoint} failed ({err}). Check that "
-            "every machine uses the same --main_process_ip/--main_process_port and "
-            "--num_machines, and that machine 0 is reachable.",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    # torch's static rendezvous keeps one store across its own restarts, so a restarted group
+    # can read the previous attempt's gloo/nccl addresses and fail to connect (or hang). On
+    # one machine hasten restarts the group itself, each attempt on a fresh store and port.
+    attempts = plan.max_restarts + 1 if plan.num_machines == 1 else 1
+    for attempt in range(attempts):
+        config = launch_config(plan, _choose_port(plan) if attempt == 0 else _free_port())
+        if attempts > 1:
+            config.max_restarts = 0
+        try:
+            elastic_launch(config, entrypoint)(*args)
+        except ChildFailedError as err:
+            text, code = format_failures(err.failures)
+            print(text, file=sys.stderr, flush=True)
+            if attempt + 1 < attempts:
+                print(
+                    f"hasten launch: restarting the workers ({attempt + 1} of "
+                    f"{plan.max_restarts} restarts).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            return code
+        except SignalException as err:
+            # The launcher itself was told to stop (Ctrl-C, scheduler preemption): workers
+            # are already stopped by the agent; exit like a process killed by that signal.
+            print(f"hasten launch: received {err.sigval.name}; workers stopped.", file=sys.stderr)
+            return 128 + int(err.sigval)
+        except RendezvousError as err:
+            print(
+                f"hasten launch: rendezvous at {plan.rdzv_endpoint} failed ({err}). Check that "
+                "every machine uses the same --main_process_ip/--main_process_port and "
+                "--num_machines, and that machine 0 is reachable.",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    return 1  # not reached: the last attempt returns
 
 
 def run(plan: LaunchPlan, env: Mapping[str, str], *, replace_process: bool = True) -> int:

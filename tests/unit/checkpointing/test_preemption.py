@@ -1,0 +1,102 @@
+"""Preemption: a signal sets a flag; the next batch boundary checkpoints and exits with code 75."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hasten import Accelerator
+from hasten.checkpointing.preemption import (
+    PREEMPTED_EXIT_CODE,
+    PreemptionWatcher,
+    active_watcher,
+)
+from hasten.config.project import ProjectConfiguration
+from hasten.data_loader.base import ResumableDataLoader
+from hasten.state._shared import reset_state
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> None:
+    reset_state()
+    yield
+    reset_state()
+
+
+def test_signal_then_boundary_saves_once_and_exits_75() -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    saved: list[int] = []
+    watcher = PreemptionWatcher(lambda: str(saved.append(1) or "folder"))
+    assert watcher.install()
+    hook = ResumableDataLoader.batch_boundary_hook
+    assert hook is not None
+    assert active_watcher() is watcher
+    hook()  # no signal yet: nothing happens
+    assert saved == []
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert watcher.requested
+    with pytest.raises(SystemExit) as exit_info:
+        hook()
+    assert exit_info.value.code == PREEMPTED_EXIT_CODE == 75
+    assert saved == [1]
+    assert ResumableDataLoader.batch_boundary_hook is None  # uninstalled on the way out
+    assert signal.getsignal(signal.SIGUSR1) is before
+    assert active_watcher() is None
+
+
+def test_reset_state_retires_the_watcher() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    watcher = PreemptionWatcher(lambda: "folder")
+    watcher.install()
+    reset_state()
+    assert ResumableDataLoader.batch_boundary_hook is None
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_accelerator_watches_only_with_automatic_naming(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    Accelerator(cpu=True)
+    assert ResumableDataLoader.batch_boundary_hook is None
+    assert signal.getsignal(signal.SIGTERM) is before
+    reset_state()
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=config)
+    assert ResumableDataLoader.batch_boundary_hook is not None
+    assert signal.getsignal(signal.SIGTERM) is not before
+    accelerator.end_training()  # training is over: signals behave as before again
+    assert ResumableDataLoader.batch_boundary_hook is None
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_preempted_loop_checkpoints_after_the_step_and_resumes(tmp_path: Path) -> None:
+    def build() -> tuple[Accelerator, DataLoader[torch.Tensor]]:
+        reset_state()
+        config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+        accelerator = Accelerator(cpu=True, project_config=config)
+        loader = DataLoader(torch.arange(12), batch_size=2, shuffle=True)
+        return accelerator, accelerator.prepare(loader)
+
+    torch.manual_seed(0)
+    accelerator, loader = build()
+    reference = [b.tolist() for b in loader]
+    torch.manual_seed(0)
+    accelerator, loader = build()
+    seen = []
+    with pytest.raises(SystemExit) as exit_info:
+        for batch in loader:
+            seen.append(batch.tolist())
+            if len(seen) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # mid-step: the step still finishes
+    assert exit_info.value.code == PREEMPTED_EXIT_CODE
+    assert seen == reference[:2]
+    assert (tmp_path / "checkpoints" / "checkpoint_0" / "hasten_manifest.json").is_file()
+    torch.manual_seed(5)
+    accelerator, loader = build()
+    accelerator.load_state()
+    assert [b.tolist() for b in loader] == reference[2:]
+    accelerator.end_training()
