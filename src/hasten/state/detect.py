@@ -147,6 +147,10 @@ def detect_run(
     """
     cpu = cpu or bool(envvars.setting("ACCELERATE_USE_CPU", env))
     ranks = find_ranks(env)
+    if ranks is not None and ranks.world_size == 1 and not ranks.master_addr:
+        # A stray RANK/LOCAL_RANK (left by a tool or a parent job) with no rendezvous address:
+        # nothing to join, so run as one process rather than fail in init_process_group.
+        ranks = None
     on_cpu = cpu or platform.distributed_type == DistributedType.MULTI_CPU
     if ranks is None:
         return RunSpec(

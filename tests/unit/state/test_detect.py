@@ -66,6 +66,14 @@ def test_torchrun_with_one_process_still_makes_a_group() -> None:
     assert spec.distributed_type == DistributedType.MULTI_CPU and spec.num_processes == 1
 
 
+@pytest.mark.parametrize("env", [{"LOCAL_RANK": "0"}, {"RANK": "0", "WORLD_SIZE": "1"}])
+def test_stray_rank_variables_without_rendezvous_are_a_single_process(env: dict[str, str]) -> None:
+    for platform, device_type in ((CPU, "cpu"), (CUDA, "cuda")):
+        spec = detect_run(env, platform)
+        assert spec.distributed_type == DistributedType.NO and spec.backend is None
+        assert (spec.num_processes, spec.device_type) == (1, device_type)
+
+
 @pytest.mark.parametrize(
     ("platform", "kind", "backend"),
     [
