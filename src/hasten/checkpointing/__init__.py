@@ -9,6 +9,7 @@ from hasten.checkpointing.manager import CheckpointManager, check_checkpointable
 from hasten.checkpointing.manifest import CorruptCheckpointError
 from hasten.checkpointing.model import save_model_weights
 from hasten.checkpointing.preemption import PREEMPTED_EXIT_CODE
+from hasten.checkpointing.sharded import load_sharded_state, save_sharded_state
 from hasten.checkpointing.state import (
     CheckpointContents,
     load_accelerator_state,
@@ -24,7 +25,9 @@ __all__ = [
     "check_checkpointable",
     "load",
     "load_accelerator_state",
+    "load_sharded_state",
     "save",
     "save_accelerator_state",
     "save_model_weights",
+    "save_sharded_state",
 ]
