@@ -41,6 +41,14 @@ def test_set_seed_reproduces_python_numpy_torch(local: LocalComm) -> None:
     assert _draw() != first
 
 
+def test_set_seed_seeds_each_library_with_the_seed_itself(local: LocalComm) -> None:
+    # the same streams a script seeded by hand (or by Accelerate's set_seed) would draw
+    set_seed(1234)
+    assert random.random() == random.Random(1234).random()
+    assert float(np.random.rand()) == float(np.random.RandomState(1234).rand())
+    assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(1234)))
+
+
 def test_set_seed_device_specific_adds_process_index(mirror: MirrorComm) -> None:
     mirror.process_index = 1
     set_seed(10, device_specific=True)
