@@ -274,9 +274,14 @@ def pad_across_processes(
     Makes tensors of uneven length safe to `gather`. Tensors with fewer than ``dim + 1``
     dimensions are returned unchanged; nested (jagged) tensors are left as they are, with a
     `CannotPadNestedTensorWarning`.
+
+    Raises:
+        TypeError: a leaf is not a tensor (also on a single process, as in Accelerate).
     """
     comm = current_comm()
     if comm.num_processes == 1:
+        # still reject non-tensors, so a script fails the same way on one process as on many
+        flatten(tensor, "pad_across_processes")
         return tensor
     leaves, rebuild = flatten(tensor, "pad_across_processes")
     targets: list[int] = []

@@ -40,6 +40,8 @@ def test_single_process_collectives_are_identity(local: LocalComm) -> None:
     assert gather_object(["a"]) == ["a"]
     objs = [1, {"k": 2}]
     assert broadcast_object_list(objs) is objs
+    with pytest.raises(TypeError, match=r"`pad_across_processes` only works on tensors.*str"):
+        pad_across_processes([torch.ones(1), "label"])
 
 
 def test_single_process_reduce_clones(local: LocalComm) -> None:
