@@ -136,6 +136,11 @@ ENV_VARS: dict[str, EnvVar] = _table(
         "TORCHELASTIC_RUN_ID",
         "Run id set by torch elastic; its presence means torchrun launched us.",
     ),
+    _int(
+        "HASTEN_RESTART_COUNT",
+        "Restart attempt of a worker group, set by hasten launch; workers see it as "
+        "TORCHELASTIC_RESTART_COUNT.",
+    ),
     # --- where this process is (set by MPI launchers: MPICH/Intel MPI, Open MPI, MVAPICH2) -----
     _int("PMI_RANK", "Global index of this process (MPICH / Intel MPI)."),
     _int("PMI_SIZE", "Number of processes in the job (MPICH / Intel MPI)."),

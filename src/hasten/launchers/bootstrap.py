@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m hasten.launchers.bootstrap [-m] TARGET [ARGS...]")
     target = args[0]
     sys.argv = list(args)
+    attempt = envvars.read("HASTEN_RESTART_COUNT")
+    if attempt is not None:
+        # hasten launch restarts single-machine groups itself, so torch's agent always says 0.
+        envvars.write("TORCHELASTIC_RESTART_COUNT", attempt)
+        envvars.remove("HASTEN_RESTART_COUNT")
     try:
         if as_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)

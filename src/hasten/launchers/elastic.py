@@ -162,6 +162,9 @@ def _run_elastic(plan: LaunchPlan, env: Mapping[str, str]) -> int:
         config = launch_config(plan, _choose_port(plan) if attempt == 0 else _free_port())
         if attempts > 1:
             config.max_restarts = 0
+            # Each attempt's agent counts from 0; the bootstrap turns this into the worker's
+            # TORCHELASTIC_RESTART_COUNT so scripts still see which attempt they are.
+            envvars.write("HASTEN_RESTART_COUNT", attempt)
         try:
             elastic_launch(config, entrypoint)(*args)
         except ChildFailedError as err:

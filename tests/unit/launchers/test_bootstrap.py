@@ -63,3 +63,20 @@ def test_record_failure_without_error_file_does_nothing(monkeypatch: pytest.Monk
 def test_usage_error_without_target() -> None:
     with pytest.raises(SystemExit, match="usage"):
         main([])
+
+
+@pytest.mark.usefixtures("restore_sys")
+def test_restart_attempt_reaches_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "attempt.txt"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os\n"
+        f"open({str(out)!r}, 'w').write(os.environ['TORCHELASTIC_RESTART_COUNT'] + "
+        "str('HASTEN_RESTART_COUNT' in os.environ))\n"
+    )
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("HASTEN_RESTART_COUNT", "2")
+    main([str(script)])
+    assert out.read_text() == "2False"
