@@ -62,7 +62,12 @@ SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec("same_network", False, config_key="same_network"),
     SettingSpec("use_cpu", False, "ACCELERATE_USE_CPU", "use_cpu", flag="cpu"),
     SettingSpec("mixed_precision", "no", "ACCELERATE_MIXED_PRECISION", "mixed_precision"),
-    SettingSpec("gradient_accumulation_steps", 1, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
+    SettingSpec(
+        "gradient_accumulation_steps",
+        1,
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+        "deepspeed_config.gradient_accumulation_steps",
+    ),
     SettingSpec(
         "dynamo_backend", "no", "ACCELERATE_DYNAMO_BACKEND", "dynamo_config.dynamo_backend"
     ),

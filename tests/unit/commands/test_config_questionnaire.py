@@ -38,6 +38,8 @@ def test_multi_machine_gpu_config(monkeypatch: pytest.MonkeyPatch) -> None:
         "",
         "no",
         "yes",  # torch.compile: yes, INDUCTOR, default mode, fullgraph, dynamic
+        "no",
+        "no",  # neither DeepSpeed nor FSDP
         "8",
         "0,1,2,3",  # processes, gpu ids
         "2",  # precision fp16
@@ -83,3 +85,64 @@ def test_choice_by_number_or_name(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ask_choice("Pick", ["a", "b"]) == 1
     assert ask_choice("Pick", ["a", "b"]) == 0
     assert ask_choice("Pick", ["a", "b"], default=1) == 1
+
+
+def test_deepspeed_answers_fill_its_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answers(
+        monkeypatch,
+        "multi-GPU",
+        "1",
+        "no",  # machine type, one machine, no debug
+        "no",  # torch.compile
+        "yes",
+        "3",
+        "cpu",
+        "4",
+        "none",
+        "yes",
+        "no",  # DeepSpeed ZeRO-3 answers
+        "2",
+        "",
+        "bf16",  # processes, gpu ids, precision
+    )
+    config = get_cluster_input()
+    assert config.distributed_type == "DEEPSPEED"
+    assert config.deepspeed_config == {
+        "zero_stage": 3,
+        "offload_optimizer_device": "cpu",
+        "gradient_accumulation_steps": 4,
+        "offload_param_device": "none",
+        "zero3_init_flag": True,
+        "zero3_save_16bit_model": False,
+    }
+
+
+def test_fsdp_answers_fill_its_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    _answers(
+        monkeypatch,
+        "multi-GPU",
+        "1",
+        "no",
+        "no",
+        "no",
+        "yes",  # not DeepSpeed, FSDP
+        "",
+        "yes",
+        "",
+        "Block,Head",
+        "FULL_STATE_DICT",
+        "no",
+        "2",
+        "",
+        "no",
+    )
+    config = get_cluster_input()
+    assert config.distributed_type == "FSDP"
+    assert config.fsdp_config == {
+        "fsdp_version": 2,
+        "fsdp_offload_params": True,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "Block,Head",
+        "fsdp_state_dict_type": "FULL_STATE_DICT",
+        "fsdp_activation_checkpointing": False,
+    }

@@ -129,3 +129,10 @@ def test_invalid_plans_are_clear_errors(kwargs: dict[str, Any], match: str) -> N
     kwargs = {"script": "t.py", **kwargs}
     with pytest.raises(ValueError, match=match):
         LaunchPlan(**kwargs)
+
+
+def test_deepspeed_section_gives_accumulation_steps() -> None:
+    config = {"deepspeed_config": {"gradient_accumulation_steps": 8}}
+    assert _resolve(config=config)["gradient_accumulation_steps"] == Resolved(8, "config file")
+    env = {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"}
+    assert _resolve(config=config, environ=env)["gradient_accumulation_steps"].value == 2

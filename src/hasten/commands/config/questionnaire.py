@@ -25,6 +25,12 @@ _MACHINES: tuple[tuple[str, str], ...] = (
     ("multi-NPU", DistributedType.MULTI_NPU.value),
 )
 _MAX_TRIES = 5
+# Machine types whose processes each drive one accelerator.
+_ACCELERATED = (
+    DistributedType.MULTI_GPU.value,
+    DistributedType.MULTI_XPU.value,
+    DistributedType.MULTI_NPU.value,
+)
 
 
 def _read(prompt: str) -> str:
@@ -140,6 +146,56 @@ def _ask_dynamo(config: dict[str, Any]) -> None:
     }
 
 
+def _ask_deepspeed(config: dict[str, Any]) -> None:
+    """Ask the DeepSpeed questions; the answers become ``deepspeed_config``."""
+    config["distributed_type"] = DistributedType.DEEPSPEED.value
+    stages = ["0", "1", "2", "3"]
+    stage = int(stages[ask_choice("Which ZeRO stage?", stages, default=2)])
+    devices = ["none", "cpu", "nvme"]
+    section: dict[str, Any] = {
+        "zero_stage": stage,
+        "offload_optimizer_device": devices[ask_choice("Offload optimizer states to?", devices)],
+        "gradient_accumulation_steps": ask(
+            "How many gradient accumulation steps?", _positive_int, 1
+        ),
+    }
+    if stage == 3:
+        section["offload_param_device"] = devices[ask_choice("Offload parameters to?", devices)]
+        section["zero3_init_flag"] = ask_yes_no("Build the model already sharded (zero3_init)?")
+        section["zero3_save_16bit_model"] = ask_yes_no("Save a gathered 16-bit model?")
+    config["deepspeed_config"] = section
+
+
+def _ask_fsdp(config: dict[str, Any]) -> None:
+    """Ask the FSDP questions; the answers become ``fsdp_config``."""
+    config["distributed_type"] = DistributedType.FSDP.value
+    version = 2 if ask_choice("Which FSDP version?", ["1", "2"], default=1) == 1 else 1
+    policies = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+    section: dict[str, Any] = {
+        "fsdp_version": version,
+        "fsdp_offload_params": ask_yes_no("Offload parameters to CPU?"),
+        "fsdp_auto_wrap_policy": policies[ask_choice("Which auto-wrap policy?", policies)],
+    }
+    if section["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP":
+        section["fsdp_transformer_layer_cls_to_wrap"] = ask(
+            "Which layer classes to wrap (comma-separated; empty = the model's _no_split_modules)?",
+            str,
+            "",
+        )
+    kinds = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+    section["fsdp_state_dict_type"] = kinds[ask_choice("Which state dict type?", kinds)]
+    section["fsdp_activation_checkpointing"] = ask_yes_no("Use activation checkpointing?")
+    config["fsdp_config"] = {k: v for k, v in section.items() if v != ""}
+
+
+def _ask_engine(config: dict[str, Any]) -> None:
+    """On accelerators, offer DeepSpeed or FSDP instead of plain data parallelism."""
+    if ask_yes_no("Do you want to use DeepSpeed?"):
+        _ask_deepspeed(config)
+    elif ask_yes_no("Do you want to use FullyShardedDataParallel (FSDP)?"):
+        _ask_fsdp(config)
+
+
 def get_cluster_input() -> ClusterConfig:
     """Ask the questionnaire on stdin and return the validated config."""
     labels = [label for label, _ in _MACHINES]
@@ -156,11 +212,13 @@ def get_cluster_input() -> ClusterConfig:
         not distributed and ask_yes_no("Run on CPU only, even if a GPU is available?")
     )
     _ask_dynamo(config)
+    if machine in _ACCELERATED:
+        _ask_engine(config)
     default_processes = 2 if distributed else 1
     config["num_processes"] = ask(
         "How many processes in total (over all machines)?", _positive_int, default_processes
     )
-    if machine in (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value):
+    if machine in _ACCELERATED:
         config["gpu_ids"] = ask("Which device ids should be used (comma-separated)?", str, "all")
     precisions = PrecisionType.list()
     config["mixed_precision"] = precisions[ask_choice("Mixed precision?", precisions)]
