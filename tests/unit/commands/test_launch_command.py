@@ -198,3 +198,19 @@ def test_launch_command_hands_plan_and_worker_env_to_run(monkeypatch: pytest.Mon
     assert seen["env"]["ACCELERATE_DEBUG_MODE"] == "true"
     assert seen["env"]["X"] == "1"
     assert seen["replace"] is False
+
+
+def test_device_count_skips_torch_without_device_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    def must_not_run() -> Any:
+        raise AssertionError("current_platform() called although no device node exists")
+
+    monkeypatch.setattr(launch.sys, "platform", "linux")
+    monkeypatch.setattr(launch, "_DEVICE_NODES", ("/nonexistent/nvidia0",))
+    monkeypatch.setattr("hasten.platforms.registry.current_platform", must_not_run)
+    assert launch._count_devices() == 0
+    fake = SimpleNamespace(name="cuda", device_count=lambda: 8)
+    monkeypatch.setattr("hasten.platforms.registry.current_platform", lambda: fake)
+    monkeypatch.setattr(launch, "_DEVICE_NODES", ("/",))
+    assert launch._count_devices() == 8
