@@ -24,7 +24,7 @@ from hasten.checkpointing.state import (
     load_accelerator_state,
     save_accelerator_state,
 )
-from hasten.checkpointing.writer import PendingSave
+from hasten.checkpointing.writer import HostBuffers, PendingSave
 from hasten.config.project import ProjectConfiguration
 
 __all__ = ["CheckpointManager", "check_checkpointable"]
@@ -62,6 +62,7 @@ class CheckpointManager:
         self._load_hooks: OrderedDict[int, LoadHook] = OrderedDict()
         self._pending: PendingSave | None = None
         self._watcher: PreemptionWatcher | None = None
+        self._host_buffers = HostBuffers()  # reused by every async save of this Accelerator
 
     def register_save_state_pre_hook(self, hook: SaveHook) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` before saving; it may edit ``weights``."""
@@ -162,6 +163,7 @@ class CheckpointManager:
             async_save=async_save,
             total_limit=config.total_limit if automatic else None,
             project_dir=config.project_dir if automatic else None,
+            host_buffers=self._host_buffers,
         )
         if isinstance(result, PendingSave):
             self._pending = result

@@ -23,6 +23,7 @@ __all__ = [
     "MANIFEST_NAME",
     "read_manifest",
     "read_verified",
+    "verify_file",
     "write_bytes",
     "write_manifest",
 ]
@@ -117,6 +118,35 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             )
     manifest["files"] = files
     return manifest
+
+
+_CHUNK = 8 << 20
+
+
+def verify_file(folder: Path, name: str, manifest: dict[str, Any] | None) -> Path:
+    """Check ``folder/name`` against the manifest by streaming it (no copy held); return it.
+
+    For large files that are then memory-mapped rather than read whole.
+    """
+    path = folder / name
+    if manifest is None:
+        return path
+    record = manifest["files"].get(name)
+    if record is None:
+        raise CorruptCheckpointError(f"{path} is not listed in the checkpoint manifest.")
+    crc, size = 0, 0
+    chunk = bytearray(_CHUNK)
+    view = memoryview(chunk)
+    with open(path, "rb", buffering=0) as handle:
+        while count := handle.readinto(chunk):
+            crc = zlib.crc32(view[:count], crc)
+            size += count
+    if size != record.size or crc != record.crc32:
+        raise CorruptCheckpointError(
+            f"{path} is corrupted: its checksum does not match the manifest. Load an earlier "
+            "checkpoint."
+        )
+    return path
 
 
 def read_verified(folder: Path, name: str, manifest: dict[str, Any] | None) -> bytes:

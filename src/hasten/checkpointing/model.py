@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from hasten.checkpointing.io import atomic_write
-from hasten.checkpointing.tensors import dedupe_shared_tensors, safetensors_bytes
+from hasten.checkpointing.tensors import dedupe_shared_tensors, write_safetensors
 from hasten.core.constants import (
     SAFE_WEIGHTS_INDEX_NAME,
     SAFE_WEIGHTS_NAME,
@@ -60,7 +60,7 @@ def _remove_stale_shards(folder: Path, weights_name: str, keep: set[str]) -> Non
 def _write_shard(path: Path, tensors: dict[str, torch.Tensor], safe: bool) -> None:
     with atomic_write(path) as handle:
         if safe:
-            handle.write(safetensors_bytes(tensors))
+            write_safetensors(handle, tensors)
         else:
             torch.save(tensors, handle)
 

@@ -20,14 +20,19 @@ import torch
 
 from hasten.checkpointing import layout
 from hasten.checkpointing.io import load
-from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest, read_verified
+from hasten.checkpointing.manifest import (
+    CorruptCheckpointError,
+    read_manifest,
+    read_verified,
+    verify_file,
+)
 from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
 from hasten.checkpointing.tensors import tensors_from_safetensors
 from hasten.checkpointing.writer import (
     FileJob,
+    HostBuffers,
     PendingSave,
     SavePlan,
-    host_copy,
     model_jobs,
     pickle_job,
     prepare_staging,
@@ -115,6 +120,7 @@ def save_accelerator_state(
     async_save: bool = False,
     total_limit: int | None = None,
     project_dir: str | None = None,
+    host_buffers: HostBuffers | None = None,
 ) -> Path | PendingSave:
     """Write a complete checkpoint of ``contents`` to ``output_dir`` on every process together.
 
@@ -122,10 +128,14 @@ def save_accelerator_state(
     published everywhere. With ``async_save`` it returns a `PendingSave` as soon as the state is
     copied to host memory; the files are written and published on a background thread.
     ``total_limit`` (with ``project_dir``) prunes the oldest automatic checkpoints after publishing.
+    ``host_buffers`` (async only) are reused from the previous asynchronous save.
     """
     state = PartialState()
     is_writer = state.is_local_main_process if save_on_each_node else state.is_main_process
-    copy = host_copy if async_save else _identity
+    buffers = (host_buffers or HostBuffers()) if async_save else None
+    if buffers is not None:
+        buffers.begin()
+    copy = buffers.copy if buffers is not None else _identity
     plan = SavePlan(
         final=Path(output_dir).absolute(),
         rank=state.process_index,
@@ -143,6 +153,8 @@ def save_accelerator_state(
     rng = {**capture_rng_state(), "step": step}
     plan.jobs.append(pickle_job(layout.rng_file(state.process_index), rng))
     plan.extra = {"step": step, "num_processes": state.num_processes}
+    if buffers is not None:
+        buffers.finish()  # device copies landed: training may change the originals now
     prepare_staging(plan)
     state.wait_for_everyone()  # the staging folder exists before anyone writes into it
     if async_save:
@@ -199,7 +211,15 @@ def _read_bytes(folder: Path, name: str, manifest: dict[str, Any] | None) -> byt
     return bytearray(data) if not isinstance(data, bytearray) else data
 
 
+# Pickles above this size (optimizer states) are verified by streaming and then memory-mapped:
+# loading them costs at most one file of extra memory, never a second full copy.
+_MMAP_BYTES = 16 << 20
+
+
 def _load_pickle(folder: Path, name: str, manifest: dict[str, Any] | None, where: Any) -> Any:
+    path = folder / name
+    if path.stat().st_size >= _MMAP_BYTES:
+        return load(verify_file(folder, name, manifest), map_location=where, mmap=True)
     data = read_verified(folder, name, manifest)
     return load(io.BytesIO(data), map_location=where)
 

@@ -12,7 +12,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["ALIASES_KEY", "dedupe_shared_tensors", "safetensors_bytes", "tensors_from_safetensors"]
+__all__ = [
+    "ALIASES_KEY",
+    "dedupe_shared_tensors",
+    "safetensors_bytes",
+    "tensors_from_safetensors",
+    "write_safetensors",
+]
 
 # safetensors metadata key listing tied names dropped from the file (alias -> kept name).
 ALIASES_KEY = "hasten_tied_aliases"
@@ -75,6 +81,42 @@ def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
     if aliases:
         metadata[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
     return save(tensors, metadata=metadata)
+
+
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+def write_safetensors(handle: Any, state_dict: dict[str, torch.Tensor]) -> None:
+    """Stream ``state_dict`` to ``handle`` in the safetensors format, straight from tensor memory.
+
+    Unlike serializing to bytes first, no copy of the whole file is ever built: the header goes
+    out, then each tensor's memory as it is. Tied weights are stored once (see
+    `safetensors_bytes`); the output loads with ``safetensors.torch.load_file``.
+    """
+    kept, aliases = dedupe_shared_tensors(state_dict)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in kept.items()}
+    if any(t.dtype not in _NAMES for t in tensors.values()):  # rare dtypes: the library
+        handle.write(safetensors_bytes(state_dict))
+        return
+    metadata = {"format": "pt"}
+    if aliases:
+        metadata[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": _NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as the spec asks
+    handle.write(len(encoded).to_bytes(8, "little") + encoded)
+    for tensor in tensors.values():
+        if tensor.numel():
+            handle.write(tensor.view(-1).view(torch.uint8).numpy().data)
 
 
 def tensors_from_safetensors(buffer: bytearray) -> dict[str, torch.Tensor]:

@@ -26,11 +26,12 @@ import torch
 from hasten.checkpointing import layout
 from hasten.checkpointing.io import fsync_directory
 from hasten.checkpointing.manifest import ChecksumWriter, FileRecord, write_manifest
-from hasten.checkpointing.tensors import safetensors_bytes
+from hasten.checkpointing.tensors import write_safetensors
 from hasten.core.nested import recursively_apply
 
 __all__ = [
     "FileJob",
+    "HostBuffers",
     "PendingSave",
     "SavePlan",
     "host_copy",
@@ -48,7 +49,71 @@ _PEER_TIMEOUT_S = 600.0
 
 def host_copy(obj: Any) -> Any:
     """A copy of ``obj`` whose tensors live in host memory, detached from training."""
-    return recursively_apply(lambda t: t.detach().to("cpu", copy=True), obj)
+    buffers = HostBuffers()
+    copied = buffers.copy(obj)
+    buffers.finish()
+    return copied
+
+
+class HostBuffers:
+    """Host memory that successive asynchronous saves copy the training state into.
+
+    The buffers are kept between saves (the previous save has finished writing before the
+    next one copies), so after the first save the copy is a plain memcpy without page faults
+    or allocation -- that copy is all the training loop waits for. Tensors sharing storage
+    (tied weights) share one buffer, so they are still stored once. Device tensors go to
+    pinned memory without blocking; `finish` waits for those copies.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
+        self._next = 0
+        self._seen: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._pending_device = False
+
+    def begin(self) -> None:
+        """Start copying a new checkpoint (reusing the previous one's buffers in order)."""
+        self._next = 0
+        self._seen = {}
+
+    def copy(self, obj: Any) -> Any:
+        """``obj`` with every tensor replaced by its host copy."""
+        return recursively_apply(self._copy_tensor, obj)
+
+    def finish(self) -> None:
+        """Wait for device-to-host copies still in flight."""
+        if self._pending_device:
+            torch.cuda.synchronize()
+            self._pending_device = False
+        self._seen = {}
+
+    def _copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        key = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
+        shared = self._seen.get(key)
+        if shared is not None:
+            return shared
+        index, self._next = self._next, self._next + 1
+        buffer = self._buffers[index] if index < len(self._buffers) else None
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            pin = tensor.device.type == "cuda"
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+            if index < len(self._buffers):
+                self._buffers[index] = buffer
+            else:
+                self._buffers.append(buffer)
+        non_blocking = tensor.device.type == "cuda"
+        buffer.copy_(tensor, non_blocking=non_blocking)
+        self._pending_device |= non_blocking
+        self._seen[key] = buffer
+        return buffer
 
 
 @dataclass
@@ -66,7 +131,7 @@ def pickle_job(name: str, obj: Any) -> FileJob:
 
 def _safetensors_writer(state: dict[str, torch.Tensor]) -> Callable[[Any], None]:
     def write(handle: Any) -> None:
-        handle.write(safetensors_bytes(state))
+        write_safetensors(handle, state)
 
     return write
 

@@ -268,3 +268,49 @@ def test_accumulated_gradients_round_trip_per_process(tmp_path: Path) -> None:
     model.zero_grad(set_to_none=True)  # after an optimizer step: nothing to save
     save_accelerator_state(tmp_path / "clean", CheckpointContents([model.state_dict()], [model]))
     assert not list((tmp_path / "clean").glob("gradients_*"))
+
+
+def test_large_pickles_are_verified_streaming_and_memory_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hasten.checkpointing import state as state_module
+
+    monkeypatch.setattr(state_module, "_MMAP_BYTES", 0)  # every pickle takes the large path
+    model, opt, sched, counter = _setup(0)
+    _train(model, opt, sched, 2)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    expected = _train(model, opt, sched, 2)
+    fresh, fresh_opt, fresh_sched, fresh_counter = _setup(3)
+    load_accelerator_state(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
+    assert _train(fresh, fresh_opt, fresh_sched, 2) == expected
+    target = tmp_path / "c" / "optimizer.bin"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different content
+    target.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"optimizer\.bin is corrupted"):
+        load_accelerator_state(tmp_path / "c", _contents(*_setup(4)))
+
+
+def test_async_saves_reuse_host_buffers_and_keep_ties(tmp_path: Path) -> None:
+    from hasten.checkpointing.writer import HostBuffers
+
+    model, opt, sched, counter = _setup(0)
+    buffers = HostBuffers()
+    first = save_accelerator_state(
+        tmp_path / "a", _contents(model, opt, sched, counter), async_save=True, host_buffers=buffers
+    )
+    assert isinstance(first, PendingSave)
+    first.wait()
+    kept = [b.data_ptr() for b in buffers._buffers]
+    _train(model, opt, sched, 1)
+    second = save_accelerator_state(
+        tmp_path / "b", _contents(model, opt, sched, counter), async_save=True, host_buffers=buffers
+    )
+    assert isinstance(second, PendingSave)
+    second.wait()
+    assert [b.data_ptr() for b in buffers._buffers][: len(kept)] == kept  # no new allocation
+    fresh, fresh_opt, fresh_sched, fresh_counter = _setup(1)
+    load_accelerator_state(tmp_path / "b", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
+    assert fresh.head.weight is fresh.emb.weight
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value)
