@@ -79,6 +79,14 @@ class CheckpointManager:
     def _save_dir(self, output_dir: str | os.PathLike[str] | None) -> Path:
         config = self.project_config
         if config.automatic_checkpoint_naming:
+            limit = config.total_limit
+            if limit is not None and (
+                isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0
+            ):
+                raise ValueError(
+                    f"project_configuration.total_limit={limit!r} would delete every checkpoint; "
+                    "set it to a positive number of checkpoints to keep, or None to keep all."
+                )
             if config.project_dir is None:
                 raise ValueError(
                     "automatic_checkpoint_naming needs a project_dir: pass "

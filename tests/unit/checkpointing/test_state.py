@@ -250,6 +250,10 @@ def test_manager_errors(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / "checkpoint_0").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="already exists"):
         auto.save_state(None, CheckpointContents(), [], step=0)
+    auto.project_config.total_limit = 0  # changed after the configuration was validated
+    with pytest.raises(ValueError, match=r"total_limit=0 would delete every checkpoint"):
+        auto.save_state(None, CheckpointContents(), [], step=0)
+    assert not (tmp_path / "checkpoints" / "checkpoint_1").exists()
 
 
 def test_accumulated_gradients_round_trip_per_process(tmp_path: Path) -> None:
