@@ -47,16 +47,7 @@ def _build(mb: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, optimizer
 
 
-def _median(fn: Callable[[Path], Any], root: Path, rounds: int) -> float:
-    times = []
-    for i in range(rounds):
-        folder = root / f"run_{time.monotonic_ns()}_{i}"
-        folder.mkdir()
-        start = time.perf_counter()
-        fn(folder)
-        times.append(time.perf_counter() - start)
-        shutil.rmtree(folder)
-    return statistics.median(times)
+Case = Callable[[Path], Any]
 
 
 def _fsync(path: Path) -> None:
@@ -84,94 +75,108 @@ def _raw_load(model: Any, optimizer: Any, folder: Path) -> None:
     optimizer.load_state_dict(torch.load(folder / "optimizer.bin", weights_only=True))
 
 
-def _timed_load(
-    load: Callable[[Path], Any], save: Callable[[Path], Any], root: Path, rounds: int
-) -> float:
-    folder = root / "load_source"
-    folder.mkdir(exist_ok=True)
-    save(folder)
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        load(folder)
-        times.append(time.perf_counter() - start)
-    shutil.rmtree(folder)
-    return statistics.median(times)
-
-
-def _hasten(mb: int, root: Path, rounds: int, shard_mb: int) -> dict[str, float]:
-    from hasten import Accelerator
-    from hasten.state._shared import reset_state
-
-    reset_state()
-    accelerator = Accelerator(cpu=True)
-    model, optimizer = accelerator.prepare(*_build(mb))
-    results = {
-        "save_state": _median(lambda d: accelerator.save_state(str(d / "c")), root, rounds),
-    }
-
-    def async_blocked(folder: Path) -> None:
-        accelerator.save_state(str(folder / "c"), async_save=True)
-
-    blocked = []
-    for i in range(rounds):
-        folder = root / f"async_{i}"
-        start = time.perf_counter()
-        async_blocked(folder)
-        blocked.append(time.perf_counter() - start)
-        accelerator._checkpoints.wait()
-        shutil.rmtree(folder)
-    results["async_blocked"] = statistics.median(blocked)
-    results["load_state"] = _timed_load(
-        lambda d: accelerator.load_state(str(d / "c")),
-        lambda d: accelerator.save_state(str(d / "c")),
-        root,
-        rounds,
-    )
-    results["save_model"] = _median(
-        lambda d: accelerator.save_model(model, str(d), max_shard_size=f"{shard_mb}MB"),
-        root,
-        rounds,
-    )
-    reset_state()
-    return results
-
-
-def _raw(mb: int, root: Path, rounds: int) -> dict[str, float]:
+def _raw_save_file(model: Any, folder: Path, fsync: bool) -> None:
     from safetensors.torch import save_file
 
+    save_file(model.state_dict(), str(folder / "model.safetensors"))
+    if fsync:
+        _fsync(folder / "model.safetensors")
+
+
+def _raw_cases(mb: int) -> tuple[dict[str, Case], dict[str, tuple[Case, Case]]]:
     model, optimizer = _build(mb)
-    return {
-        "save": _median(lambda d: _raw_save(model, optimizer, d, False), root, rounds),
-        "save_fsync": _median(lambda d: _raw_save(model, optimizer, d, True), root, rounds),
-        "load": _timed_load(
-            lambda d: _raw_load(model, optimizer, d),
-            lambda d: _raw_save(model, optimizer, d, False),
-            root,
-            rounds,
-        ),
-        "save_file": _median(
-            lambda d: save_file(model.state_dict(), str(d / "model.safetensors")), root, rounds
+    saves: dict[str, Case] = {
+        "raw save": lambda d: _raw_save(model, optimizer, d, False),
+        "raw save + fsync": lambda d: _raw_save(model, optimizer, d, True),
+        "raw save_file": lambda d: _raw_save_file(model, d, False),
+        "raw save_file + fsync": lambda d: _raw_save_file(model, d, True),
+    }
+    loads = {"raw load": (saves["raw save"], lambda d: _raw_load(model, optimizer, d))}
+    return saves, loads
+
+
+def _hasten_cases(
+    mb: int, shard_mb: int
+) -> tuple[Any, dict[str, Case], dict[str, tuple[Case, Case]]]:
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model, _ = accelerator.prepare(*_build(mb))
+    saves: dict[str, Case] = {
+        "hasten save_state": lambda d: accelerator.save_state(str(d / "c")),
+        "hasten save_model": lambda d: accelerator.save_model(
+            model, str(d), max_shard_size=f"{shard_mb}MB"
         ),
     }
+    loads = {
+        "hasten load_state": (
+            saves["hasten save_state"],
+            lambda d: accelerator.load_state(str(d / "c")),
+        )
+    }
+    return accelerator, saves, loads
 
 
-def _accelerate(mb: int, root: Path, rounds: int) -> dict[str, float] | None:
+def _accelerate_cases() -> Any:
     try:
         from accelerate import Accelerator as HFAccelerator
     except ImportError:
         return None
-    accelerator = HFAccelerator(cpu=True)
-    model, optimizer = accelerator.prepare(*_build(mb))
-    return {
-        "save_state": _median(lambda d: accelerator.save_state(str(d / "c")), root, rounds),
-        "load_state": _timed_load(
-            lambda d: accelerator.load_state(str(d / "c")),
-            lambda d: accelerator.save_state(str(d / "c")),
-            root,
-            rounds,
-        ),
+    return HFAccelerator
+
+
+def _accelerate_setup(cls: Any, mb: int) -> tuple[dict[str, Case], dict[str, tuple[Case, Case]]]:
+    accelerator = cls(cpu=True)
+    accelerator.prepare(*_build(mb))
+    saves: dict[str, Case] = {
+        "accelerate save_state": lambda d: accelerator.save_state(str(d / "c"))
     }
+    loads = {
+        "accelerate load_state": (
+            saves["accelerate save_state"],
+            lambda d: accelerator.load_state(str(d / "c")),
+        )
+    }
+    return saves, loads
+
+
+def _interleaved(
+    saves: dict[str, Case], loads: dict[str, tuple[Case, Case]], root: Path, rounds: int
+) -> dict[str, float]:
+    """Median seconds of each case; every round runs every case once, so drift hits all alike."""
+    sources = {}
+    for name, (save, _) in loads.items():
+        sources[name] = root / f"source_{len(sources)}"
+        sources[name].mkdir()
+        save(sources[name])
+    times: dict[str, list[float]] = {name: [] for name in [*saves, *loads]}
+    for _ in range(rounds):
+        for name, save in saves.items():
+            folder = root / f"run_{time.monotonic_ns()}"
+            folder.mkdir()
+            start = time.perf_counter()
+            save(folder)
+            times[name].append(time.perf_counter() - start)
+            shutil.rmtree(folder)
+        for name, (_, load) in loads.items():
+            start = time.perf_counter()
+            load(sources[name])
+            times[name].append(time.perf_counter() - start)
+    for folder in sources.values():
+        shutil.rmtree(folder)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _async_blocked(accelerator: Any, root: Path, rounds: int) -> float:
+    blocked = []
+    for i in range(rounds + 1):  # the first async save allocates the host buffers
+        folder = root / f"async_{i}"
+        start = time.perf_counter()
+        accelerator.save_state(str(folder / "c"), async_save=True)
+        blocked.append(time.perf_counter() - start)
+        accelerator._checkpoints.wait()
+        shutil.rmtree(folder)
+    return statistics.median(blocked[1:])
 
 
 # -- memory, measured in fresh processes ----------------------------------------------------
@@ -238,40 +243,37 @@ def main() -> None:
 def _report(args: argparse.Namespace, root: Path) -> None:
     total = args.mb * 3
     print(f"model {args.mb} MB + AdamW state: {total} MB in all; {args.rounds} rounds, median")
-    raw = _raw(args.mb, root, args.rounds)
-    ours = _hasten(args.mb, root, args.rounds, args.shard_mb)
-    theirs = _accelerate(args.mb, root, args.rounds)
-    rows = [
-        ("raw save (no fsync)", raw["save"]),
-        ("raw save + fsync", raw["save_fsync"]),
-        ("hasten save_state (manifest, fsync)", ours["save_state"]),
-        ("raw load", raw["load"]),
-        ("hasten load_state (verified)", ours["load_state"]),
+    saves, loads = _raw_cases(args.mb)
+    accelerator, ours, our_loads = _hasten_cases(args.mb, args.shard_mb)
+    saves.update(ours)
+    loads.update(our_loads)
+    hf = _accelerate_cases()
+    if hf is not None:
+        hf_saves, hf_loads = _accelerate_setup(hf, args.mb)
+        saves.update(hf_saves)
+        loads.update(hf_loads)
+    t = _interleaved(saves, loads, root, args.rounds)
+    for name, seconds in t.items():
+        size = args.mb if "save_file" in name or "save_model" in name else total
+        print(f"  {name:<28} {seconds:7.3f} s  {size / seconds:8.0f} MB/s")
+    print("ratios of times (< 1.0: hasten is faster):")
+    pairs = [
+        ("hasten save_state", "raw save"),
+        ("hasten save_state", "raw save + fsync"),
+        ("hasten load_state", "raw load"),
+        ("hasten save_state", "accelerate save_state"),
+        ("hasten load_state", "accelerate load_state"),
+        ("hasten save_model", "raw save_file"),
+        ("hasten save_model", "raw save_file + fsync"),
     ]
-    if theirs is not None:
-        rows += [("accelerate save_state", theirs["save_state"])]
-        rows += [("accelerate load_state", theirs["load_state"])]
-    for name, seconds in rows:
-        print(f"  {name:<40} {seconds:7.3f} s  {total / seconds:8.0f} MB/s")
-    print("ratios (time, lower is better for hasten; < 1.0 = faster than the reference):")
-    print(f"  save_state / raw save (no fsync)   {ours['save_state'] / raw['save']:.2f}x")
-    print(f"  save_state / raw save + fsync      {ours['save_state'] / raw['save_fsync']:.2f}x")
-    print(f"  load_state / raw load              {ours['load_state'] / raw['load']:.2f}x")
-    if theirs is not None:
-        print(
-            f"  save_state / accelerate            {ours['save_state'] / theirs['save_state']:.2f}x"
-        )
-        print(
-            f"  load_state / accelerate            {ours['load_state'] / theirs['load_state']:.2f}x"
-        )
-    share = ours["async_blocked"] / ours["save_state"]
+    for ours_name, reference in pairs:
+        if reference in t:
+            print(f"  {ours_name} / {reference:<24} {t[ours_name] / t[reference]:.2f}x")
+    blocked = _async_blocked(accelerator, root, args.rounds)
+    share = blocked / t["hasten save_state"]
     print(
-        f"async_save blocks the loop {ours['async_blocked']:.3f} s = {share:.0%} of the "
-        f"synchronous save (target <= 15%)"
-    )
-    print(
-        f"save_model ({args.shard_mb} MB shards) {ours['save_model']:.3f} s vs raw save_file "
-        f"{raw['save_file']:.3f} s: {ours['save_model'] / raw['save_file']:.2f}x (target <= 1.2x)"
+        f"async_save blocks the loop {blocked:.3f} s = {share:.0%} of the synchronous save "
+        "(target <= 15%)"
     )
     shards = _memory("save_model", args.mb, root, args.shard_mb)
     print(
@@ -281,9 +283,9 @@ def _report(args: argparse.Namespace, root: Path) -> None:
     loading = _memory("load_state", args.mb, root, args.shard_mb)
     largest = max(loading["files"].values()) / 2**20
     print(
-        f"load_state peak RSS: model + optimizer {loading['base_mb']:.0f} MB (process) + "
-        f"{loading['extra_mb']:.0f} MB extra; largest file {largest:.0f} MB (target: extra <= "
-        "one file)"
+        f"load_state peak RSS: process with model + optimizer {loading['base_mb']:.0f} MB, "
+        f"+{loading['extra_mb']:.0f} MB while loading; largest file {largest:.0f} MB "
+        "(target: extra <= one file)"
     )
 
 
