@@ -321,6 +321,8 @@ def check_device_map(model: nn.Module, device_map: dict[str, int | str | torch.d
         raise TypeError(f"device_map must be a dict of name -> device, got {device_map!r}")
     for key, device in device_map.items():
         validate_device(device, key)
+    if len(device_map) == 1 and "" in device_map:
+        return  # the whole model on one device covers every tensor
     keys = sorted(device_map)
     if "" in device_map and len(keys) > 1:
         raise ValueError(

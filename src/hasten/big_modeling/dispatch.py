@@ -127,10 +127,12 @@ def _check_loaded(
     model: nn.Module, device_map: dict[str, Any], available: Any, offloaded: tuple[str, ...]
 ) -> None:
     """Refuse to run with weights that were never loaded (still on meta, not offloaded)."""
+    tensors = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers())
+    if not any(tensor.device == _META for _, tensor in tensors):
+        return
     groups = {name: group for group in find_tied_parameters(model) for name in group}
     present: set[str] = set()
     missing: list[str] = []
-    tensors = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers())
     for name, tensor in tensors:
         device = device_for(name, device_map)
         if tensor.device != _META or (

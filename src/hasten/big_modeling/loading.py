@@ -158,12 +158,22 @@ class Loader:
         self.dtype = dtype
         self.keep_in_fp32 = set(keep_in_fp32_modules)
         self.state_dict_folder = state_dict_folder
-        self.expected: dict[str, torch.Tensor] = dict(
-            model.named_parameters(remove_duplicate=False)
-        )
-        self.buffers = {name for name, _ in model.named_buffers()}
+        self.expected: dict[str, torch.Tensor] = {}
+        self.buffers: set[str] = set()
+        self.persistent: list[str] = []  # the names a state dict holds
+        for prefix, module in model.named_modules(remove_duplicate=False):
+            pre = f"{prefix}." if prefix else ""
+            for local, param in module._parameters.items():
+                if param is not None:
+                    self.expected[pre + local] = param
+                    self.persistent.append(pre + local)
+            for local, buffer in module._buffers.items():
+                if buffer is not None:
+                    self.expected[pre + local] = buffer
+                    self.buffers.add(pre + local)
+                    if local not in module._non_persistent_buffers_set:
+                        self.persistent.append(pre + local)
         self.offload_buffers = False
-        self.expected.update(model.named_buffers())
         self.loaded: set[str] = set()
         self.unexpected: list[str] = []
         self.offload_index: dict[str, Any] = {}
@@ -286,12 +296,11 @@ def _stored_dtype(code: str) -> torch.dtype:
 
 
 def _missing(loader: Loader, tied: list[list[str]]) -> list[str]:
-    persistent = {n for n, _ in loader.model.state_dict(keep_vars=True).items()}
     done = set(loader.loaded)
     for group in tied:
         if done.intersection(group):
             done.update(group)
-    return sorted(n for n in persistent if n not in done and n in loader.expected)
+    return sorted({n for n in loader.persistent if n not in done})
 
 
 def load_checkpoint_in_model(
