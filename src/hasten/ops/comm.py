@@ -8,6 +8,8 @@ goes through `hasten.state.recorder.guarded`, so a timeout names what each rank 
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -158,7 +160,11 @@ class TorchComm:
 
 
 # (default process group it was chosen for, the communicator); re-chosen only when the group changes
-_chosen: tuple[Any, Communicator] | None = None
+_chosen: tuple[Callable[[], Any], Communicator] | None = None
+
+
+def _no_group() -> None:
+    return None
 
 
 def _world() -> Any:
@@ -188,7 +194,7 @@ def _choose() -> Communicator:
 def current_comm() -> Communicator:
     """Return this process's communicator, choosing it once per default process group."""
     chosen = _chosen
-    if chosen is not None and chosen[0] is _world():
+    if chosen is not None and chosen[0]() is _world():
         return chosen[1]
     return set_comm(_choose())
 
@@ -196,7 +202,10 @@ def current_comm() -> Communicator:
 def set_comm(comm: Communicator) -> Communicator:
     """Use ``comm`` for collectives until the default process group changes; return it."""
     global _chosen
-    _chosen = (_world(), comm)
+    world = _world()
+    # A weak reference: holding the group would keep gloo's threads alive past
+    # destroy_process_group(), and a worker could then abort at interpreter exit.
+    _chosen = (_no_group if world is None else weakref.ref(world), comm)
     return comm
 
 
