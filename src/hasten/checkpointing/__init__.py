@@ -17,10 +17,10 @@ from hasten.checkpointing.state import (
 )
 
 __all__ = [
-    "PREEMPTED_EXIT_CODE",
     "CheckpointContents",
     "CheckpointManager",
     "CorruptCheckpointError",
+    "PREEMPTED_EXIT_CODE",
     "UnsafeCheckpointError",
     "check_checkpointable",
     "load",
