@@ -459,6 +459,15 @@ class Accelerator:
         self._refresh_backward()
 
     @property
+    def step(self) -> int:
+        """Micro-steps counted by `accumulate` in the current accumulation cycle/epoch."""
+        return self._accumulator.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._accumulator.step = value
+
+    @property
     def sync_gradients(self) -> bool:
         """Whether this micro-step synchronises gradients (and so the optimizer steps)."""
         return bool(self.gradient_state.sync_gradients)

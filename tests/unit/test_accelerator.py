@@ -273,6 +273,21 @@ def test_accumulate_flags_sync_and_last_batch() -> None:
     assert flags == [False, False, True, False, True]
 
 
+def test_step_counts_micro_steps_and_restarts_at_end_of_loader() -> None:
+    # Accelerate's `accelerator.step`: +1 per accumulate() entry, 0 after the loader's last batch.
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    model = acc.prepare(mlp())
+    loader = acc.prepare(DataLoader(dataset(48), batch_size=8))  # 6 batches
+    steps = []
+    for _epoch in range(2):
+        for _x, _y in loader:
+            with acc.accumulate(model):
+                steps.append(acc.step)
+    assert steps == [1, 2, 3, 4, 5, 0] * 2
+    acc.step = 3
+    assert acc._accumulator.step == 3
+
+
 def test_gradient_accumulation_steps_setter_rescales_backward() -> None:
     acc = Accelerator(cpu=True)
     model = acc.prepare(mlp())
