@@ -85,8 +85,10 @@ class AcceleratedScheduler:
                 return
         scheduler = self.scheduler
         if self._bounded:
+            # Bounded by real steps (last_epoch), not `_step_count`, which adjust_scheduler also
+            # advances on accumulation micro-steps and would end the schedule early.
             for _ in range(self._steps_per_call):
-                if scheduler._step_count <= scheduler.total_steps:
+                if scheduler.last_epoch < scheduler.total_steps:
                     scheduler.step(*args, **kwargs)
             return
         for _ in range(self._steps_per_call):

@@ -92,6 +92,23 @@ def test_bounded_schedules_stop_at_their_end() -> None:
     assert inner._step_count == 5
 
 
+def test_adjust_scheduler_bumps_do_not_end_a_bounded_schedule_early() -> None:
+    # 3 optimizer steps of 4 micro-steps each on OneCycleLR(total_steps=3): adjust_scheduler
+    # advances _step_count on the 9 non-sync micro-steps, yet all 3 real steps are taken.
+    from hasten.config.project import GradientAccumulationPlugin
+
+    weight = torch.nn.Parameter(torch.ones(1))
+    optimizer = AcceleratedOptimizer(torch.optim.SGD([weight], lr=1.0))
+    inner = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1.0, total_steps=3)
+    state = GradientState(GradientAccumulationPlugin(num_steps=4, adjust_scheduler=True))
+    scheduler = AcceleratedScheduler(inner, optimizer)
+    for micro_step in range(1, 13):
+        state._set_sync_gradients(micro_step % 4 == 0)
+        scheduler.step()
+    assert inner.last_epoch == 3
+    assert inner._step_count == 13  # 1 + 9 bumps + 3 steps
+
+
 def test_without_step_with_optimizer_always_steps() -> None:
     optimizer, inner, _ = _setup()
     scheduler = AcceleratedScheduler(inner, optimizer, step_with_optimizer=False)
