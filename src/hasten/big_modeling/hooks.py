@@ -215,6 +215,8 @@ class AlignDevicesHook(ModelHook):
             self._device = as_device(self.execution_device)
             if self._device == _META:
                 self.tied_params_map = None
+        elif self.offload:
+            self._device = torch.device("cpu")  # offloaded weights must be loaded somewhere
         recurse = self.place_submodules
         if not self.offload:
             if self._device is not None:

@@ -159,3 +159,12 @@ def test_cpu_offload_hook_moves_to_the_execution_device() -> None:
     user.remove()
     assert not hasattr(layer, "_hf_hook")
     assert CpuOffload().execution_device.type in ("cpu", "cuda", "xpu", "mps", "npu")
+
+
+def test_offload_without_execution_device_runs_on_cpu() -> None:
+    layer = nn.Linear(2, 2)
+    x = torch.randn(1, 2)
+    want = layer(x)
+    add_hook_to_module(layer, AlignDevicesHook(offload=True))
+    assert layer.weight.is_meta
+    assert torch.equal(layer(x), want)
