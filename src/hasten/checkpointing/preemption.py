@@ -10,6 +10,7 @@ the full state with automatic naming and the job exits with `PREEMPTED_EXIT_CODE
 Agreeing costs no blocking collective: each boundary waits for the all-reduce issued at the
 previous boundary (long finished, it ran during the step) and issues the next one, so all
 processes act at the same boundary, one step after the signal. One process needs no collective.
+Loaders whose processes may see different batch counts (``even_batches=False``) skip the check.
 
 It is on when the Accelerator uses ``ProjectConfiguration(automatic_checkpoint_naming=True)``
 with a ``project_dir`` (the configuration that makes ``load_state()`` resume on restart), and

@@ -4,6 +4,14 @@ A checkpoint is written into a hidden staging folder beside its final name; each
 as it is written, then the main process writes the manifest (sizes and CRC32 of every file from
 every process) and renames the folder into place. A crash at any moment leaves the previous
 checkpoints untouched and at most a staging folder that nothing will load.
+
+Exact resume: a checkpoint holds, besides models, optimizers, schedulers, scaler and custom
+objects, each process's RNG states and accumulated (not yet stepped) gradients, the
+accumulation counter, and every prepared loader's epoch, position and epoch-start generator
+states. After `load_accelerator_state` both conventions continue bit for bit: iterating the
+loaded loader resumes at the saved position, and ``skip_first_batches(loader, n)`` (Accelerate's
+way, n = batches this process consumed in the epoch) replays the saved epoch's order and skips n
+(not n twice); the loader then goes on with the next epoch as the uninterrupted run would.
 """
 
 from __future__ import annotations

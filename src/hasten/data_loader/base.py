@@ -282,6 +282,22 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
     # once the step on the previous batch is complete; None costs one check per batch.
     batch_boundary_hook: Callable[[], None] | None = None
 
+    def _boundary_hook(self) -> Callable[[], None] | None:
+        """This epoch's batch-boundary hook; None when processes may get different batch counts.
+
+        With ``even_batches=False`` one process can have a batch more than another, so a hook
+        that runs a collective per batch would pair up with the wrong operation.
+        """
+        hook = ResumableDataLoader.batch_boundary_hook
+        if hook is None:
+            return None
+        for holder in (self.batch_sampler, self.sampler):
+            while holder is not None:
+                if getattr(holder, "even_batches", True) is False:
+                    return None
+                holder = getattr(holder, "batch_sampler", None)  # SkipBatchSampler wraps one
+        return hook
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         skip, restore_rng = self._start_epoch()
         self.begin()
@@ -299,7 +315,7 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
             position = skip + self._offset
             device, non_blocking = self._move_to, getattr(self, "_non_blocking", False)
             progress = self._progress  # a slotted cell: cheaper than DataLoader.__setattr__
-            boundary = ResumableDataLoader.batch_boundary_hook
+            boundary = self._boundary_hook()
             while True:
                 if device is not None:
                     current = send_to_device(current, device, non_blocking=non_blocking)

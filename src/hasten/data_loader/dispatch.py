@@ -151,7 +151,7 @@ class DataLoaderDispatcher(ResumableDataLoader):
         state = self.state
         n, rank = state.num_processes, state.process_index
         head: Any = None
-        boundary = self.batch_boundary_hook
+        boundary = self._boundary_hook()
         while True:
             batch, current, last = self._receive(rounds, current)
             if batch is None:

@@ -100,3 +100,18 @@ def test_preempted_loop_checkpoints_after_the_step_and_resumes(tmp_path: Path) -
     accelerator.load_state()
     assert [b.tolist() for b in loader] == reference[2:]
     accelerator.end_training()
+
+
+def test_uneven_shards_get_no_boundary_hook() -> None:
+    from hasten.data_loader import prepare_data_loader
+
+    watcher = PreemptionWatcher(lambda: "folder")
+    watcher.install()
+    loader = DataLoader(list(range(10)), batch_size=2)
+    even = prepare_data_loader(loader, num_processes=2, process_index=0)
+    uneven = prepare_data_loader(loader, num_processes=2, process_index=0, even_batches=False)
+    assert even._boundary_hook() is not None
+    # Processes may hold different batch counts: a collective per batch would mismatch.
+    assert uneven._boundary_hook() is None
+    watcher.uninstall()
+    assert even._boundary_hook() is None
