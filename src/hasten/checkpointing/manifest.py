@@ -149,9 +149,20 @@ def verify_file(folder: Path, name: str, manifest: dict[str, Any] | None) -> Pat
     return path
 
 
-def read_verified(folder: Path, name: str, manifest: dict[str, Any] | None) -> bytes:
-    """Read ``folder/name`` whole, checking it against the manifest when there is one."""
-    data = (folder / name).read_bytes()
+def read_verified(folder: Path, name: str, manifest: dict[str, Any] | None) -> bytearray:
+    """Read ``folder/name`` whole, checking it against the manifest when there is one.
+
+    The bytes land in one writable buffer (tensors can be views of it): no second copy.
+    """
+    path = folder / name
+    with open(path, "rb", buffering=0) as handle:
+        data = bytearray(os.fstat(handle.fileno()).st_size)
+        view, filled = memoryview(data), 0
+        while filled < len(data) and (count := handle.readinto(view[filled:])):
+            filled += count
+    del view
+    if filled < len(data):
+        del data[filled:]  # the file shrank while being read
     if manifest is None:
         return data
     record = manifest["files"].get(name)

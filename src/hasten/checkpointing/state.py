@@ -215,8 +215,7 @@ def _open_manifest(folder: Path, strict: bool) -> dict[str, Any] | None:
 
 
 def _read_bytes(folder: Path, name: str, manifest: dict[str, Any] | None) -> bytearray:
-    data = read_verified(folder, name, manifest)
-    return bytearray(data) if not isinstance(data, bytearray) else data
+    return read_verified(folder, name, manifest)
 
 
 # Pickles above this size (optimizer states) are verified by streaming and then memory-mapped:
