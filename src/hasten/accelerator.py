@@ -120,12 +120,15 @@ def _resolve_accumulation(
             f"gradient_accumulation_steps must be an int >= 1, got {type(steps).__name__} "
             f"{steps!r}."
         )
+    source = "gradient_accumulation_steps"
     if steps == 1:  # the default: the launcher's setting applies
-        steps = int(envvars.setting("ACCELERATE_GRADIENT_ACCUMULATION_STEPS") or 1)
+        from_env = envvars.setting("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+        if from_env is not None:
+            steps, source = int(from_env), "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
     if steps < 1:
         raise ValueError(
-            f"gradient_accumulation_steps={steps!r} is invalid: it must be >= 1 (1 means no "
-            "accumulation). Pass a positive number of micro-batches per optimizer step."
+            f"{source}={steps!r} is invalid: it must be >= 1 (1 means no accumulation). "
+            "Pass a positive number of micro-batches per optimizer step."
         )
     return GradientAccumulationPlugin(num_steps=steps)
 

@@ -67,6 +67,15 @@ def test_non_positive_accumulation_is_rejected(steps: int) -> None:
         Accelerator(cpu=True, gradient_accumulation_steps=steps)
 
 
+def test_non_positive_accumulation_from_the_launcher_is_rejected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 0 from the environment used to fall back to 1 silently (falsy value).
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "0")
+    with pytest.raises(ValueError, match="ACCELERATE_GRADIENT_ACCUMULATION_STEPS=0 is invalid"):
+        Accelerator(cpu=True)
+
+
 def test_accumulation_steps_must_be_int() -> None:
     with pytest.raises(TypeError, match="gradient_accumulation_steps must be an int"):
         Accelerator(cpu=True, gradient_accumulation_steps=2.5)  # type: ignore[arg-type]
