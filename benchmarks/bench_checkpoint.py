@@ -154,11 +154,13 @@ def _interleaved(
         for name, save in saves.items():
             folder = root / f"run_{time.monotonic_ns()}"
             folder.mkdir()
+            os.sync()  # no dirty pages left by the previous case: each starts from the same state
             start = time.perf_counter()
             save(folder)
             times[name].append(time.perf_counter() - start)
             shutil.rmtree(folder)
         for name, (_, load) in loads.items():
+            os.sync()
             start = time.perf_counter()
             load(sources[name])
             times[name].append(time.perf_counter() - start)
