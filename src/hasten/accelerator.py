@@ -979,7 +979,7 @@ class Accelerator:
             output_dir,
             self._checkpoint_contents(for_save=True),
             list(self._models),
-            step=self._accumulator.step,  # mid-cycle saves resume the accumulation count
+            step=self.step,  # mid-cycle saves resume the accumulation count
             safe_serialization=safe_serialization,
             async_save=async_save,
         )
@@ -1003,7 +1003,7 @@ class Accelerator:
             map_location=map_location,
             strict=strict,
         )
-        self.step = self._accumulator.step = int(attributes.get("step", self._accumulator.step))
+        self.step = int(attributes.get("step", self.step))  # the accumulation micro-step count
 
     # ------------------------------------------------------------------ tracking
 
