@@ -175,9 +175,15 @@ def _write_job(folder: Path, job: FileJob) -> FileRecord:
     with open(folder / job.name, "wb") as handle:
         writer = ChecksumWriter(handle)
         job.write(writer)
-        handle.flush()
-        os.fsync(handle.fileno())
     return FileRecord(job.name, writer.size, writer.crc32)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _publish_records(plan: SavePlan, records: list[FileRecord], error: str | None = None) -> None:
@@ -216,12 +222,18 @@ def _collect_records(plan: SavePlan) -> list[FileRecord]:
 
 def _write_all(plan: SavePlan) -> list[FileRecord]:
     records: list[FileRecord] = []
+    current = ""
     try:
         for job in plan.jobs:
+            current = job.name
             records.append(_write_job(plan.staging, job))
+        # Made durable after all are written: the kernel flushes the first files while the
+        # later ones are written, instead of each fsync waiting for a cold start.
+        for record in records:
+            current = record.name
+            _fsync_file(plan.staging / record.name)
     except OSError as exc:
-        failed = plan.jobs[len(records)].name
-        message = f"{exc.strerror or exc} while writing {failed}"
+        message = f"{exc.strerror or exc} while writing {current}"
         with contextlib.suppress(OSError):  # tell the main process, if the disk still allows
             _publish_records(plan, records, error=message)
         raise OSError(
