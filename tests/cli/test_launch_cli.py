@@ -100,9 +100,11 @@ def test_max_restarts_restarts_the_group_and_exit_code_propagates(tmp_path: Path
     script = _script(
         tmp_path,
         "flaky.py",
-        "import os, sys\n"
-        "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'], 'rank', os.environ['RANK'], flush=True)\n"
-        "if os.environ['RANK'] == '1':\n"
+        "import os, sys, pathlib\n"
+        "attempt, rank = os.environ['TORCHELASTIC_RESTART_COUNT'], os.environ['RANK']\n"
+        # One file per attempt and rank: two workers printing at once can interleave mid-line.
+        f"pathlib.Path({str(tmp_path)!r}, f'attempt{{attempt}}_rank{{rank}}').touch()\n"
+        "if rank == '1':\n"
         "    sys.exit(3)\n",
     )
     out = _hasten(
@@ -119,7 +121,8 @@ def test_max_restarts_restarts_the_group_and_exit_code_propagates(tmp_path: Path
         timeout=80,
     )
     assert out.returncode == 3, out.stderr
-    assert "attempt 0 rank 1" in out.stdout and "attempt 1 rank 1" in out.stdout
+    assert (tmp_path / "attempt0_rank1").exists()
+    assert (tmp_path / "attempt1_rank1").exists()
 
 
 @pytest.mark.timeout(120)
