@@ -1,33 +1,26 @@
 """Checkpoints on disk: crash-safe save_state/load_state, save_model, and safe file I/O.
 
 Accelerate's documented names for this area (``save_accelerator_state``,
-``load_accelerator_state``, ``save``, ``load``) are re-exported here.
+``load_accelerator_state``, ``save``, ``load``) are re-exported here, lazily: the sharded
+(torch.distributed.checkpoint) format and the rest load only when used.
 """
 
-from hasten.checkpointing.io import UnsafeCheckpointError, load, save
-from hasten.checkpointing.manager import CheckpointManager, check_checkpointable
-from hasten.checkpointing.manifest import CorruptCheckpointError
-from hasten.checkpointing.model import save_model_weights
-from hasten.checkpointing.preemption import PREEMPTED_EXIT_CODE
-from hasten.checkpointing.sharded import load_sharded_state, save_sharded_state
-from hasten.checkpointing.state import (
-    CheckpointContents,
-    load_accelerator_state,
-    save_accelerator_state,
-)
+from hasten.core.lazy import lazy_namespace
 
-__all__ = [
-    "CheckpointContents",
-    "CheckpointManager",
-    "CorruptCheckpointError",
-    "PREEMPTED_EXIT_CODE",
-    "UnsafeCheckpointError",
-    "check_checkpointable",
-    "load",
-    "load_accelerator_state",
-    "load_sharded_state",
-    "save",
-    "save_accelerator_state",
-    "save_model_weights",
-    "save_sharded_state",
-]
+_TABLE: dict[str, list[str]] = {
+    "hasten.checkpointing.io": ["UnsafeCheckpointError", "load", "save"],
+    "hasten.checkpointing.manager": ["CheckpointManager", "check_checkpointable"],
+    "hasten.checkpointing.manifest": ["CorruptCheckpointError"],
+    "hasten.checkpointing.model": ["save_model_weights"],
+    "hasten.checkpointing.preemption": ["PREEMPTED_EXIT_CODE"],
+    "hasten.checkpointing.sharded": ["load_sharded_state", "save_sharded_state"],
+    "hasten.checkpointing.state": [
+        "CheckpointContents",
+        "load_accelerator_state",
+        "save_accelerator_state",
+    ],
+}
+
+__getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())
+
+__all__ = sorted(name for names in _TABLE.values() for name in names)

@@ -1,42 +1,32 @@
 """Experiment tracking (compat path ``accelerate.tracking``): `GeneralTracker`, one class per
 supported library, the built-in `JSONLTracker`, and the ``log_with`` registry.
 
-Each tracker imports its library only when a run starts, so importing this package is cheap.
+Names resolve lazily from their modules, and each tracker imports its library only when a run
+starts, so importing this package (as the Accelerator does) loads only what is used.
 """
 
-from hasten.tracking.aim import AimTracker
-from hasten.tracking.base import GeneralTracker, on_main_process
-from hasten.tracking.clearml import ClearMLTracker
-from hasten.tracking.comet_ml import CometMLTracker
-from hasten.tracking.dvclive import DVCLiveTracker
-from hasten.tracking.jsonl import JSONLTracker
-from hasten.tracking.manager import TrackerManager
-from hasten.tracking.mlflow import MLflowTracker
-from hasten.tracking.registry import (
-    filter_trackers,
-    get_available_trackers,
-    register_tracker_class,
-)
-from hasten.tracking.swanlab import SwanLabTracker
-from hasten.tracking.tensorboard import TensorBoardTracker
-from hasten.tracking.trackio import TrackioTracker
-from hasten.tracking.wandb import WandBTracker
+from hasten.core.lazy import lazy_namespace
 
-__all__ = [
-    "AimTracker",
-    "ClearMLTracker",
-    "CometMLTracker",
-    "DVCLiveTracker",
-    "GeneralTracker",
-    "JSONLTracker",
-    "MLflowTracker",
-    "SwanLabTracker",
-    "TensorBoardTracker",
-    "TrackerManager",
-    "TrackioTracker",
-    "WandBTracker",
-    "filter_trackers",
-    "get_available_trackers",
-    "on_main_process",
-    "register_tracker_class",
-]
+_TABLE: dict[str, list[str]] = {
+    "hasten.tracking.aim": ["AimTracker"],
+    "hasten.tracking.base": ["GeneralTracker", "on_main_process"],
+    "hasten.tracking.clearml": ["ClearMLTracker"],
+    "hasten.tracking.comet_ml": ["CometMLTracker"],
+    "hasten.tracking.dvclive": ["DVCLiveTracker"],
+    "hasten.tracking.jsonl": ["JSONLTracker"],
+    "hasten.tracking.manager": ["TrackerManager"],
+    "hasten.tracking.mlflow": ["MLflowTracker"],
+    "hasten.tracking.registry": [
+        "filter_trackers",
+        "get_available_trackers",
+        "register_tracker_class",
+    ],
+    "hasten.tracking.swanlab": ["SwanLabTracker"],
+    "hasten.tracking.tensorboard": ["TensorBoardTracker"],
+    "hasten.tracking.trackio": ["TrackioTracker"],
+    "hasten.tracking.wandb": ["WandBTracker"],
+}
+
+__getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())
+
+__all__ = sorted(name for names in _TABLE.values() for name in names)
