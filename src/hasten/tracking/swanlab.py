@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from hasten.core.imports import require
-from hasten.tracking.base import GeneralTracker
-from hasten.tracking.values import SkipWarner, to_scalar
+from hasten.tracking.run import RunTracker
+from hasten.tracking.values import to_scalar
 
 __all__ = ["SwanLabTracker"]
 
@@ -15,7 +15,7 @@ def _swanlab() -> Any:
     return require("swanlab", feature="The SwanLab tracker")  # optional: swanlab
 
 
-class SwanLabTracker(GeneralTracker):
+class SwanLabTracker(RunTracker):
     """Log to a SwanLab run created with ``swanlab.init(project=run_name, **kwargs)``.
 
     Args:
@@ -24,23 +24,10 @@ class SwanLabTracker(GeneralTracker):
     """
 
     name = "swanlab"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run: Any = None
-        self._skips = SkipWarner(self.name)
 
     def start(self) -> None:
         """Create the SwanLab run."""
         self.run = _swanlab().init(project=self.run_name, **self.init_kwargs)
-
-    @property
-    def tracker(self) -> Any:
-        """The ``swanlab`` Run."""
-        return self.run
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Store ``values`` (nesting kept) in the run's config."""

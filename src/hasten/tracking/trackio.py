@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from hasten.core.imports import require
-from hasten.tracking.base import GeneralTracker
-from hasten.tracking.values import SkipWarner, to_scalar
+from hasten.tracking.run import RunTracker
+from hasten.tracking.values import to_scalar
 
 __all__ = ["TrackioTracker"]
 
@@ -15,7 +15,7 @@ def _trackio() -> Any:
     return require("trackio", feature="The Trackio tracker")  # optional: trackio
 
 
-class TrackioTracker(GeneralTracker):
+class TrackioTracker(RunTracker):
     """Log to a Trackio run created with ``trackio.init(project=run_name, **kwargs)``.
 
     Args:
@@ -24,23 +24,10 @@ class TrackioTracker(GeneralTracker):
     """
 
     name = "trackio"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run: Any = None
-        self._skips = SkipWarner(self.name)
 
     def start(self) -> None:
         """Create the Trackio run."""
         self.run = _trackio().init(project=self.run_name, **self.init_kwargs)
-
-    @property
-    def tracker(self) -> Any:
-        """The ``trackio`` Run."""
-        return self.run
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Store ``values`` in the run's config."""

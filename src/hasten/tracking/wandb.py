@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from hasten.core.imports import require
-from hasten.tracking.base import GeneralTracker
-from hasten.tracking.values import SkipWarner, to_scalar
+from hasten.tracking.run import RunTracker
+from hasten.tracking.values import to_scalar
 
 __all__ = ["WandBTracker"]
 
@@ -41,7 +41,7 @@ def _plain(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class WandBTracker(GeneralTracker):
+class WandBTracker(RunTracker):
     """Log to a W&B run created with ``wandb.init(project=run_name, **kwargs)``.
 
     Args:
@@ -50,23 +50,10 @@ class WandBTracker(GeneralTracker):
     """
 
     name = "wandb"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run: Any = None
-        self._skips = SkipWarner(self.name)
 
     def start(self) -> None:
         """Create the W&B run."""
         self.run = _wandb().init(project=self.run_name, **self.init_kwargs)
-
-    @property
-    def tracker(self) -> Any:
-        """The ``wandb`` Run."""
-        return self.run
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Store ``values`` in the run's config (W&B keeps nesting)."""
