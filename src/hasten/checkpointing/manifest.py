@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,23 +47,87 @@ class FileRecord:
     crc32: int
 
 
+class _CrcPipe:
+    """CRC32 of a stream, computed on a helper thread while the caller reads the next chunk.
+
+    ``readinto`` and ``zlib.crc32`` both release the GIL, so verifying costs almost no time on
+    top of reading when two cores are free; chunks are checksummed in the order fed.
+    """
+
+    def __init__(self) -> None:
+        self.crc = 0
+        self._queue: queue.SimpleQueue[tuple[memoryview, threading.Event | None] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name="hasten-crc", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            view, done = item
+            self.crc = zlib.crc32(view, self.crc)
+            view.release()
+            if done is not None:
+                done.set()
+
+    def feed(self, view: memoryview, done: threading.Event | None = None) -> None:
+        """Checksum ``view`` next; set ``done`` once its buffer may be reused."""
+        self._queue.put((view, done))
+
+    def result(self) -> int:
+        """Wait for every chunk fed so far and return the running CRC32."""
+        self._queue.put(None)
+        self._thread.join()
+        return self.crc
+
+
+# Chunks at least this large are checksummed on a helper thread while they are written.
+_OVERLAP_BYTES = 1 << 20
+
+
 class ChecksumWriter:
-    """A binary file wrapper that counts bytes and updates a CRC32 as they are written."""
+    """A binary file wrapper that counts bytes and updates a CRC32 as they are written.
+
+    For large chunks the CRC runs on a helper thread during the write system call (both
+    release the GIL); `write` returns only when both are done, so callers may reuse buffers.
+    Call `close` when done writing.
+    """
 
     def __init__(self, handle: BinaryIO) -> None:
         self._handle = handle
+        self._pipe: _CrcPipe | None = None
         self.size = 0
         self.crc32 = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write ``data`` through, updating size and checksum."""
-        self.crc32 = zlib.crc32(data, self.crc32)
-        self.size += len(data)
-        return self._handle.write(data)
+        view = memoryview(data)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        nbytes = view.nbytes
+        self.size += nbytes
+        if nbytes < _OVERLAP_BYTES:
+            self.crc32 = zlib.crc32(view, self.crc32)
+            return self._handle.write(data)
+        if self._pipe is None:
+            self._pipe = _CrcPipe()
+        pipe, done = self._pipe, threading.Event()
+        pipe.crc = self.crc32  # the pipe is idle here: the previous chunk's done was awaited
+        pipe.feed(view, done)
+        written = self._handle.write(data)
+        done.wait()
+        self.crc32 = pipe.crc
+        return written
 
     def flush(self) -> None:
         """Flush the underlying file."""
         self._handle.flush()
+
+    def close(self) -> None:
+        """Stop the helper thread (the file itself is the caller's to close)."""
+        if self._pipe is not None:
+            self._pipe.result()
+            self._pipe = None
 
 
 def write_bytes(folder: Path, name: str, data: bytes) -> FileRecord:
@@ -123,6 +189,17 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 _CHUNK = 8 << 20
 
 
+def _check(path: Path, name: str, size: int, crc: int, manifest: dict[str, Any]) -> None:
+    record = manifest["files"].get(name)
+    if record is None:
+        raise CorruptCheckpointError(f"{path} is not listed in the checkpoint manifest.")
+    if size != record.size or crc != record.crc32:
+        raise CorruptCheckpointError(
+            f"{path} is corrupted: its checksum does not match the manifest. Load an earlier "
+            "checkpoint."
+        )
+
+
 def verify_file(folder: Path, name: str, manifest: dict[str, Any] | None) -> Path:
     """Check ``folder/name`` against the manifest by streaming it (no copy held); return it.
 
@@ -131,46 +208,48 @@ def verify_file(folder: Path, name: str, manifest: dict[str, Any] | None) -> Pat
     path = folder / name
     if manifest is None:
         return path
-    record = manifest["files"].get(name)
-    if record is None:
-        raise CorruptCheckpointError(f"{path} is not listed in the checkpoint manifest.")
-    crc, size = 0, 0
-    chunk = bytearray(_CHUNK)
-    view = memoryview(chunk)
+    if name not in manifest["files"]:
+        _check(path, name, 0, 0, manifest)
+    pipe, size = _CrcPipe(), 0
+    buffers = [bytearray(_CHUNK), bytearray(_CHUNK)]
+    free = [threading.Event(), threading.Event()]
+    for event in free:
+        event.set()
     with open(path, "rb", buffering=0) as handle:
-        while count := handle.readinto(chunk):
-            crc = zlib.crc32(view[:count], crc)
+        turn = 0
+        while True:
+            free[turn].wait()
+            free[turn].clear()
+            count = handle.readinto(buffers[turn])
+            if not count:
+                free[turn].set()
+                break
+            pipe.feed(memoryview(buffers[turn])[:count], free[turn])
             size += count
-    if size != record.size or crc != record.crc32:
-        raise CorruptCheckpointError(
-            f"{path} is corrupted: its checksum does not match the manifest. Load an earlier "
-            "checkpoint."
-        )
+            turn ^= 1
+    _check(path, name, size, pipe.result(), manifest)
     return path
 
 
 def read_verified(folder: Path, name: str, manifest: dict[str, Any] | None) -> bytearray:
     """Read ``folder/name`` whole, checking it against the manifest when there is one.
 
-    The bytes land in one writable buffer (tensors can be views of it): no second copy.
+    The bytes land in one writable buffer (tensors can be views of it): no second copy. The
+    checksum runs on a helper thread behind the read.
     """
     path = folder / name
+    pipe = _CrcPipe() if manifest is not None else None
     with open(path, "rb", buffering=0) as handle:
         data = bytearray(os.fstat(handle.fileno()).st_size)
         view, filled = memoryview(data), 0
-        while filled < len(data) and (count := handle.readinto(view[filled:])):
+        while filled < len(data) and (count := handle.readinto(view[filled : filled + _CHUNK])):
+            if pipe is not None:
+                pipe.feed(view[filled : filled + count])
             filled += count
-    del view
+    crc = pipe.result() if pipe is not None else 0
+    view.release()
     if filled < len(data):
         del data[filled:]  # the file shrank while being read
-    if manifest is None:
-        return data
-    record = manifest["files"].get(name)
-    if record is None:
-        raise CorruptCheckpointError(f"{folder / name} is not listed in the checkpoint manifest.")
-    if len(data) != record.size or zlib.crc32(data) != record.crc32:
-        raise CorruptCheckpointError(
-            f"{folder / name} is corrupted: its checksum does not match the manifest. Load an "
-            "earlier checkpoint."
-        )
+    if manifest is not None:
+        _check(path, name, len(data), crc, manifest)
     return data

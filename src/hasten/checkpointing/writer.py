@@ -174,7 +174,10 @@ class SavePlan:
 def _write_job(folder: Path, job: FileJob) -> FileRecord:
     with open(folder / job.name, "wb") as handle:
         writer = ChecksumWriter(handle)
-        job.write(writer)
+        try:
+            job.write(writer)
+        finally:
+            writer.close()
     return FileRecord(job.name, writer.size, writer.crc32)
 
 
