@@ -11,7 +11,7 @@ from typing import Any
 from hasten.config import envvars
 from hasten.core.imports import require
 from hasten.tracking.base import GeneralTracker
-from hasten.tracking.values import SkipWarner, to_scalar
+from hasten.tracking.values import SkipWarner, require_rows, to_scalar
 
 __all__ = ["ClearMLTracker", "title_and_series"]
 
@@ -108,12 +108,8 @@ class ClearMLTracker(GeneralTracker):
     ) -> None:
         """Report a table from rows (the first row is the header unless ``columns``) or a dataframe."""
         if dataframe is None:
-            if data is None:
-                raise ValueError(
-                    f"log_table({table_name!r}) got neither data nor dataframe; pass rows as "
-                    "data=[[...], ...] (with columns=[...]) or a pandas dataframe."
-                )
-            dataframe = [columns, *data] if columns else data
+            rows = require_rows(table_name, data)
+            dataframe = [columns, *rows] if columns else rows
         title, series = title_and_series(table_name)
         self.task.get_logger().report_table(
             title=title, series=series, table_plot=dataframe, iteration=step, **kwargs

@@ -6,7 +6,7 @@ from typing import Any
 
 from hasten.core.imports import require
 from hasten.tracking.base import GeneralTracker
-from hasten.tracking.values import SkipWarner, to_scalar
+from hasten.tracking.values import SkipWarner, check_table_input, to_scalar
 
 __all__ = ["CometMLTracker"]
 
@@ -80,11 +80,7 @@ class CometMLTracker(GeneralTracker):
         **kwargs: Any,
     ) -> None:
         """Log a table (saved as ``table_name``, e.g. ``"preds.csv"``) from rows or a dataframe."""
-        if data is None and dataframe is None:
-            raise ValueError(
-                f"log_table({table_name!r}) got neither data nor dataframe; pass rows as "
-                "data=[[...], ...] (with columns=[...]) or a pandas dataframe."
-            )
+        check_table_input(table_name, data, dataframe)
         if step is not None:
             self.writer.set_step(step)
         self.writer.log_table(

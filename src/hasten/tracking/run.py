@@ -35,3 +35,8 @@ class RunTracker(GeneralTracker):
     def tracker(self) -> Any:
         """The library's run object (None before ``start()``)."""
         return self.run
+
+    def finish(self) -> None:
+        """Finish the run (for W&B offline mode this closes the local run folder)."""
+        if self.run is not None:
+            self.run.finish()

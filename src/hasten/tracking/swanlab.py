@@ -54,8 +54,3 @@ class SwanLabTracker(RunTracker):
             batch = value if isinstance(value, list) else [value]
             images[key] = [swanlab.Image(image, **kwargs) for image in batch]
         self.run.log(images, step=step)
-
-    def finish(self) -> None:
-        """Finish the run."""
-        if self.run is not None:
-            self.run.finish()

@@ -10,7 +10,7 @@ from typing import Any
 
 from hasten.core.imports import is_package_available, require
 from hasten.tracking.base import GeneralTracker
-from hasten.tracking.values import SkipWarner, flatten_dict, to_hparam, to_scalar
+from hasten.tracking.values import SkipWarner, flatten_dict, require_rows, to_hparam, to_scalar
 
 __all__ = ["TensorBoardTracker"]
 
@@ -98,12 +98,7 @@ class TensorBoardTracker(GeneralTracker):
         if dataframe is not None:
             columns = [str(c) for c in dataframe.columns]
             data = dataframe.values.tolist()
-        if data is None:
-            raise ValueError(
-                f"log_table({table_name!r}) got neither data nor dataframe; pass rows as "
-                "data=[[...], ...] (with columns=[...]) or a pandas dataframe."
-            )
-        rows = [list(r) for r in data]
+        rows = [list(r) for r in require_rows(table_name, data)]
         header = (
             list(columns) if columns else [f"col{i}" for i in range(len(rows[0]) if rows else 0)]
         )

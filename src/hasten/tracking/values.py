@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["SkipWarner", "flatten_dict", "to_hparam", "to_scalar"]
+__all__ = [
+    "SkipWarner",
+    "check_table_input",
+    "flatten_dict",
+    "require_rows",
+    "to_hparam",
+    "to_scalar",
+]
 
 _PLAIN_SCALARS = (int, float)
 
@@ -101,3 +108,23 @@ def _user_stacklevel() -> int:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
+
+
+def require_rows(table_name: str, data: list[list[Any]] | None) -> list[list[Any]]:
+    """Return the rows of a ``log_table`` call, refusing a call that has none.
+
+    Raises:
+        ValueError: ``data`` is None (and no dataframe stood in for it).
+    """
+    if data is None:
+        raise ValueError(
+            f"log_table({table_name!r}) got neither data nor dataframe; pass rows as "
+            "data=[[...], ...] (with columns=[...]) or a pandas dataframe."
+        )
+    return data
+
+
+def check_table_input(table_name: str, data: Any, dataframe: Any) -> None:
+    """Refuse a ``log_table`` call with neither ``data`` nor ``dataframe`` (see `require_rows`)."""
+    if dataframe is None:
+        require_rows(table_name, data)

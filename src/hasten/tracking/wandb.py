@@ -9,7 +9,7 @@ import torch
 
 from hasten.core.imports import require
 from hasten.tracking.run import RunTracker
-from hasten.tracking.values import to_scalar
+from hasten.tracking.values import check_table_input, to_scalar
 
 __all__ = ["WandBTracker"]
 
@@ -89,15 +89,6 @@ class WandBTracker(RunTracker):
         **kwargs: Any,
     ) -> None:
         """Log a ``wandb.Table`` built from ``columns`` + ``data`` or from a pandas ``dataframe``."""
-        if data is None and dataframe is None:
-            raise ValueError(
-                f"log_table({table_name!r}) got neither data nor dataframe; pass rows as "
-                "data=[[...], ...] (with columns=[...]) or a pandas dataframe."
-            )
+        check_table_input(table_name, data, dataframe)
         table = _wandb().Table(columns=columns, data=data, dataframe=dataframe)
         self.run.log({table_name: table}, step=step, **kwargs)
-
-    def finish(self) -> None:
-        """Finish the run (in offline mode this closes the local run folder)."""
-        if self.run is not None:
-            self.run.finish()
