@@ -20,6 +20,7 @@ import io
 import os
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,10 +224,27 @@ def _read_bytes(folder: Path, name: str, manifest: dict[str, Any] | None) -> byt
 _MMAP_BYTES = 16 << 20
 
 
+def _load_mapped(folder: Path, name: str, manifest: dict[str, Any] | None, where: Any) -> Any:
+    """Memory-map a large pickle while its checksum is verified on a helper thread.
+
+    Mapping is lazy, so the two overlap; the result is returned only once the file is known
+    to be intact, and a damaged file is reported as such even when unpickling it failed first.
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hasten-verify") as pool:
+        verified = pool.submit(verify_file, folder, name, manifest)
+        try:
+            obj = load(folder / name, map_location=where, mmap=True)
+        except Exception:
+            verified.result()  # a CorruptCheckpointError explains the failure better
+            raise
+        verified.result()
+    return obj
+
+
 def _load_pickle(folder: Path, name: str, manifest: dict[str, Any] | None, where: Any) -> Any:
     path = folder / name
     if path.stat().st_size >= _MMAP_BYTES:
-        return load(verify_file(folder, name, manifest), map_location=where, mmap=True)
+        return _load_mapped(folder, name, manifest, where)
     data = read_verified(folder, name, manifest)
     return load(io.BytesIO(data), map_location=where)
 

@@ -293,6 +293,10 @@ def test_large_pickles_are_verified_streaming_and_memory_mapped(
     target.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"optimizer\.bin is corrupted"):
         load_accelerator_state(tmp_path / "c", _contents(*_setup(4)))
+    data[:4] = b"JUNK"  # unpickling now fails too: the checksum error is what is reported
+    target.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"optimizer\.bin is corrupted"):
+        load_accelerator_state(tmp_path / "c", _contents(*_setup(4)))
 
 
 def test_async_saves_reuse_host_buffers_and_keep_ties(tmp_path: Path) -> None:
