@@ -210,6 +210,12 @@ class AlignDevicesHook(ModelHook):
             f"place_submodules={self.place_submodules}, skip_keys={self.skip_keys!r})"
         )
 
+    def _place(self, module: nn.Module, name: str, device: torch.device) -> None:
+        """Move ``module``'s tensor ``name`` to ``device``, keeping tied weights tied."""
+        set_module_tensor_to_device(
+            module, name, device, tied_params_map=self.tied_params_map, clear_cache=False
+        )
+
     def init_hook(self, module: nn.Module) -> nn.Module:
         if self.execution_device is not None:
             self._device = as_device(self.execution_device)
@@ -221,13 +227,7 @@ class AlignDevicesHook(ModelHook):
         if not self.offload:
             if self._device is not None:
                 for name, _ in named_module_tensors(module, recurse=recurse):
-                    set_module_tensor_to_device(
-                        module,
-                        name,
-                        self._device,
-                        tied_params_map=self.tied_params_map,
-                        clear_cache=False,
-                    )
+                    self._place(module, name, self._device)
             return module
         for name, param in module.named_parameters(recurse=recurse):
             self.param_original_devices[name] = param.device
@@ -258,13 +258,7 @@ class AlignDevicesHook(ModelHook):
                 else {name for name, _ in module.named_buffers(recurse=recurse)}
             )
             for name in buffers:
-                set_module_tensor_to_device(
-                    module,
-                    name,
-                    self._device,
-                    tied_params_map=self.tied_params_map,
-                    clear_cache=False,
-                )
+                self._place(module, name, self._device)
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
