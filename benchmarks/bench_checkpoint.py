@@ -5,14 +5,18 @@ AdamW state (twice the weights: 1.2 GB in all at the default). Measured side by 
 median of ``--rounds`` runs into fresh folders (the page cache is warm for everyone):
 
 - save_state / load_state vs raw ``safetensors.torch.save_file``/``load_file`` for the weights
-  plus ``torch.save``/``torch.load`` for the optimizer; hasten includes its manifest (CRC32 of
-  every file) and fsync; raw is shown without and with fsync.
+  plus ``torch.save``/``torch.load`` for the optimizer; hasten includes its manifest (xxh3
+  checksums of every block of every file) and fsync; raw is shown without and with fsync.
+  Reloading in the same process: the model and optimizer already hold their tensors.
 - async_save: how long ``save_state(async_save=True)`` blocks the training loop, as a share
   of the synchronous save (target <= 15%).
 - save_model with shards (``--shard_mb``) vs one raw ``save_file``; peak extra memory.
+- load_state into a fresh process, as when a job restarts: the model is new and the optimizer
+  has no state yet, so every loaded byte lands in memory the process has never touched.
 - peak RSS during load_state, in a fresh process: at most model + optimizer + one file.
 
-Usage: python benchmarks/bench_checkpoint.py [--mb 400] [--rounds 3] [--shard_mb 100]
+Usage: python benchmarks/bench_checkpoint.py [--mb 400] [--rounds 3] [--shard_mb 100] [--dir D]
+(``--dir /dev/shm`` leaves the disk out: its fsync times vary several-fold between runs here.)
 """
 
 from __future__ import annotations
@@ -35,15 +39,17 @@ import torch
 LAYER = 1024  # Linear(1024, 1024): 4 MB of weights each
 
 
-def _build(mb: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def _build(mb: int, stepped: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model and AdamW; ``stepped`` gives the optimizer its state (a resumed run has none)."""
     torch.manual_seed(0)
     layers = max(1, mb // 4)
     model = torch.nn.Sequential(*[torch.nn.Linear(LAYER, LAYER, bias=False) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for p in model.parameters():  # one step creates AdamW's two moments per parameter
-        p.grad = torch.ones_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    if stepped:
+        for p in model.parameters():  # one step creates AdamW's two moments per parameter
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     return model, optimizer
 
 
@@ -150,8 +156,11 @@ def _interleaved(
         sources[name].mkdir()
         save(sources[name])
     times: dict[str, list[float]] = {name: [] for name in [*saves, *loads]}
-    for _ in range(rounds):
-        for name, save in saves.items():
+    for round_index in range(rounds):
+        # Rotate the order each round: the first case after a big free pays for the allocator.
+        shift = round_index % len(saves)
+        for name in [*saves][shift:] + [*saves][:shift]:
+            save = saves[name]
             folder = root / f"run_{time.monotonic_ns()}"
             folder.mkdir()
             os.sync()  # no dirty pages left by the previous case: each starts from the same state
@@ -159,7 +168,9 @@ def _interleaved(
             save(folder)
             times[name].append(time.perf_counter() - start)
             shutil.rmtree(folder)
-        for name, (_, load) in loads.items():
+        shift = round_index % len(loads)
+        for name in [*loads][shift:] + [*loads][:shift]:
+            load = loads[name][1]
             os.sync()
             start = time.perf_counter()
             load(sources[name])
@@ -213,18 +224,66 @@ def _memory_child(kind: str, mb: int, folder: str, shard_mb: int) -> None:
     print(json.dumps({"base_mb": base / 1024, "extra_mb": (peak - base) / 1024, "files": files}))
 
 
+def _resume_child(kind: str, mb: int, folder: str) -> None:
+    """Time loading a checkpoint into a fresh model and an optimizer without state, as a resume."""
+    model, optimizer = _build(mb, stepped=False)
+    if kind == "raw":
+        start = time.perf_counter()
+        _raw_load(model, optimizer, Path(folder))
+    else:
+        if kind == "hasten":
+            from hasten import Accelerator
+        else:
+            from accelerate import Accelerator  # type: ignore[no-redef]
+        accelerator = Accelerator(cpu=True)
+        accelerator.prepare(model, optimizer)
+        start = time.perf_counter()
+        accelerator.load_state(folder)
+    print(json.dumps({"seconds": time.perf_counter() - start}))
+
+
+def _child(code: str) -> dict[str, Any]:
+    here = str(Path(__file__).parent)
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {here!r}); {code}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _resume_times(
+    loads: dict[str, tuple[Case, Case]], mb: int, root: Path, rounds: int
+) -> dict[str, float]:
+    """Median load time in fresh processes (a restarted job), interleaved like `_interleaved`."""
+    kinds = {"raw load": "raw", "hasten load_state": "hasten", "accelerate load_state": "hf"}
+    sources = {}
+    for name, kind in kinds.items():
+        if name in loads:
+            sources[kind] = root / f"resume_{kind}"
+            sources[kind].mkdir()
+            loads[name][0](sources[kind])
+    times: dict[str, list[float]] = {kind: [] for kind in sources}
+    for round_index in range(rounds):
+        order = [*sources][round_index % len(sources) :] + [*sources][: round_index % len(sources)]
+        for kind in order:
+            folder = sources[kind] / "c" if kind != "raw" else sources[kind]
+            code = f"import bench_checkpoint as b; b._resume_child({kind!r}, {mb}, {str(folder)!r})"
+            times[kind].append(_child(code)["seconds"])
+    for folder in sources.values():
+        shutil.rmtree(folder)
+    return {kind: statistics.median(values) for kind, values in times.items()}
+
+
 def _memory(kind: str, mb: int, root: Path, shard_mb: int) -> dict[str, Any]:
     folder = root / f"mem_{kind}"
-    here = str(Path(__file__).parent)
-    code = (
-        f"import sys; sys.path.insert(0, {here!r}); import bench_checkpoint as b; "
-        f"b._memory_child({kind!r}, {mb}, {str(folder)!r}, {shard_mb})"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=900, check=True
+    result = _child(
+        f"import bench_checkpoint as b; b._memory_child({kind!r}, {mb}, {str(folder)!r}, {shard_mb})"
     )
     shutil.rmtree(folder, ignore_errors=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
@@ -271,6 +330,14 @@ def _report(args: argparse.Namespace, root: Path) -> None:
     for ours_name, reference in pairs:
         if reference in t:
             print(f"  {ours_name} / {reference:<24} {t[ours_name] / t[reference]:.2f}x")
+    resume = _resume_times(loads, args.mb, root, args.rounds)
+    print("load into a fresh process (a restarted job), median:")
+    for kind, seconds in resume.items():
+        print(f"  {kind:<10} {seconds:7.3f} s  {total / seconds:8.0f} MB/s")
+    print(f"  hasten / raw {resume['hasten'] / resume['raw']:.2f}x", end="")
+    if "hf" in resume:
+        print(f"   hasten / accelerate {resume['hasten'] / resume['hf']:.2f}x", end="")
+    print()
     blocked = _async_blocked(accelerator, root, args.rounds)
     share = blocked / t["hasten save_state"]
     print(

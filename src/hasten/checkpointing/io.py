@@ -26,6 +26,7 @@ __all__ = [
     "fsync_directory",
     "is_safetensors_file",
     "load",
+    "refuse_unsafe",
     "safe_globals",
     "save",
 ]
@@ -160,13 +161,24 @@ def load(f: str | os.PathLike[str] | BinaryIO, map_location: Any = None, **kwarg
             stacklevel=2,
         )
         return torch.load(f, map_location=map_location, weights_only=False, **kwargs)
+    with refuse_unsafe(f):
+        return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
+
+
+@contextlib.contextmanager
+def refuse_unsafe(source: object) -> Iterator[None]:
+    """Run a ``weights_only`` unpickling with the numpy RNG types allowed; refuse anything more.
+
+    Raises:
+        UnsafeCheckpointError: the pickle needs other types; the message says how to opt in.
+    """
     try:
         with torch.serialization.safe_globals(safe_globals()):
-            return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
+            yield
     except pickle.UnpicklingError as exc:
         detail = str(exc).strip().splitlines()[-1][:300]
         raise UnsafeCheckpointError(
-            f"Refused to load {f!r}: it contains objects beyond tensors, plain data and numpy "
+            f"Refused to load {source!r}: it contains objects beyond tensors, plain data and numpy "
             f"arrays, which could execute code when unpickled ({detail}). If you created or "
             "trust this file, load it with `load(f, weights_only=False)`."
         ) from exc

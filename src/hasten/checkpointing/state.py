@@ -1,8 +1,8 @@
 """save_state / load_state on disk: every process's share, written crash-safely, verified on load.
 
 A checkpoint is written into a hidden staging folder beside its final name; each file is fsynced
-as it is written, then the main process writes the manifest (sizes and CRC32 of every file from
-every process) and renames the folder into place. A crash at any moment leaves the previous
+as it is written, then the main process writes the manifest (sizes and block checksums of every
+file from every process) and renames the folder into place. A crash at any moment leaves the previous
 checkpoints untouched and at most a staging folder that nothing will load.
 
 Exact resume: a checkpoint holds, besides models, optimizers, schedulers, scaler and custom
@@ -16,11 +16,9 @@ way, n = batches this process consumed in the epoch) replays the saved epoch's o
 
 from __future__ import annotations
 
-import io
 import os
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,15 +26,9 @@ from typing import Any
 import torch
 
 from hasten.checkpointing import layout
-from hasten.checkpointing.io import load
-from hasten.checkpointing.manifest import (
-    CorruptCheckpointError,
-    read_manifest,
-    read_verified,
-    verify_file,
-)
+from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
+from hasten.checkpointing.reader import CheckpointReader
 from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
-from hasten.checkpointing.tensors import tensors_from_safetensors
 from hasten.checkpointing.writer import (
     FileJob,
     HostBuffers,
@@ -215,40 +207,6 @@ def _open_manifest(folder: Path, strict: bool) -> dict[str, Any] | None:
         return None
 
 
-def _read_bytes(folder: Path, name: str, manifest: dict[str, Any] | None) -> bytearray:
-    return read_verified(folder, name, manifest)
-
-
-# Pickles above this size (optimizer states) are verified by streaming and then memory-mapped:
-# loading them costs at most one file of extra memory, never a second full copy.
-_MMAP_BYTES = 16 << 20
-
-
-def _load_mapped(folder: Path, name: str, manifest: dict[str, Any] | None, where: Any) -> Any:
-    """Memory-map a large pickle while its checksum is verified on a helper thread.
-
-    Mapping is lazy, so the two overlap; the result is returned only once the file is known
-    to be intact, and a damaged file is reported as such even when unpickling it failed first.
-    """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hasten-verify") as pool:
-        verified = pool.submit(verify_file, folder, name, manifest)
-        try:
-            obj = load(folder / name, map_location=where, mmap=True)
-        except Exception:
-            verified.result()  # a CorruptCheckpointError explains the failure better
-            raise
-        verified.result()
-    return obj
-
-
-def _load_pickle(folder: Path, name: str, manifest: dict[str, Any] | None, where: Any) -> Any:
-    path = folder / name
-    if path.stat().st_size >= _MMAP_BYTES:
-        return _load_mapped(folder, name, manifest, where)
-    data = read_verified(folder, name, manifest)
-    return load(io.BytesIO(data), map_location=where)
-
-
 def _mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
     own = model.state_dict()
     missing = [k for k in own if k not in state]
@@ -265,14 +223,13 @@ def _mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
     return "; ".join(parts)
 
 
-def _load_model(
-    folder: Path, index: int, model: torch.nn.Module, manifest: dict[str, Any] | None, strict: bool
-) -> None:
+def _load_model(files: CheckpointReader, index: int, model: torch.nn.Module, strict: bool) -> None:
     safe_name = layout.model_file(index, True)
-    if (folder / safe_name).is_file():
-        state = tensors_from_safetensors(_read_bytes(folder, safe_name, manifest))
+    current = model.state_dict(keep_vars=True)  # large files are read into these in place
+    if files.exists(safe_name):
+        state = files.tensors(safe_name, like=current)
     else:
-        state = _load_pickle(folder, layout.model_file(index, False), manifest, "cpu")
+        state = files.unpickle(layout.model_file(index, False), "cpu", like=current)
     problem = _mismatch(model, state)
     if problem and strict:
         raise ValueError(
@@ -286,21 +243,19 @@ def _load_model(
     model.load_state_dict(state, strict=strict)
 
 
-def _load_gradients(
-    folder: Path, models: list[torch.nn.Module], manifest: dict[str, Any] | None
-) -> None:
+def _load_gradients(files: CheckpointReader, models: list[torch.nn.Module]) -> None:
     """Put back the gradients this process had accumulated when the checkpoint was taken."""
     rank = PartialState().process_index
     for index, model in enumerate(models):
         name = layout.gradients_file(index, rank)
-        if not (folder / name).is_file():
+        if not files.exists(name):
             continue
-        grads = tensors_from_safetensors(_read_bytes(folder, name, manifest))
+        grads = files.tensors(name)
         params = dict(model.named_parameters())
         unknown = sorted(set(grads) - set(params))
         if unknown:
             raise ValueError(
-                f"{folder / name} holds gradients for parameters the model does not have "
+                f"{files.folder / name} holds gradients for parameters the model does not have "
                 f"(first: {', '.join(unknown[:3])}). Load a checkpoint of this model."
             )
         for key, grad in grads.items():
@@ -351,9 +306,26 @@ def load_accelerator_state(
     folder = Path(input_dir)
     manifest = _open_manifest(folder, strict)
     _check_counts(folder, contents)
-    for index, model in enumerate(contents.models):
-        _load_model(folder, index, model, manifest, strict)
-    _load_gradients(folder, contents.models, manifest)
+    with CheckpointReader(folder, manifest) as files:
+        for index, model in enumerate(contents.models):
+            _load_model(files, index, model, strict)
+        _load_gradients(files, contents.models)
+        optimizers = {id(o) for o in contents.optimizers}
+        for part, name, target in _stateful_parts(contents):
+            try:
+                # an optimizer's state tensors are replaced by the loaded ones anyway, so large
+                # files are read into them in place (see hasten.checkpointing.scatter)
+                like = target.state_dict() if id(target) in optimizers else None
+                target.load_state_dict(files.unpickle(name, map_location, like=like))
+            except CorruptCheckpointError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
+                _warn_or_raise(part, exc, strict)
+        return {"step": _load_rng(files, strict)}
+
+
+def _stateful_parts(contents: CheckpointContents) -> list[tuple[str, str, Any]]:
+    """(name for errors, file, object) of everything restored through ``load_state_dict``."""
     parts: list[tuple[str, str, Any]] = [
         (f"optimizer {i}", layout.optimizer_file(i), o) for i, o in enumerate(contents.optimizers)
     ]
@@ -371,21 +343,19 @@ def load_accelerator_state(
     ]
     if contents.scaler is not None:
         parts.append(("grad scaler", layout.scaler_file(), contents.scaler))
-    for part, name, target in parts:
-        try:
-            target.load_state_dict(_load_pickle(folder, name, manifest, map_location))
-        except CorruptCheckpointError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned when non-strict
-            _warn_or_raise(part, exc, strict)
-    rng_name = layout.rng_file(PartialState().process_index)
+    return parts
+
+
+def _load_rng(files: CheckpointReader, strict: bool) -> int:
+    """Restore this process's RNG states; return the saved step."""
+    saved_step = int((files.manifest or {}).get("step", 0))
     try:
-        rng = _load_pickle(folder, rng_name, manifest, "cpu")
+        rng = files.unpickle(layout.rng_file(PartialState().process_index), "cpu")
     except CorruptCheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001
         _warn_or_raise("the RNG states", exc, strict)
-        return {"step": (manifest or {}).get("step", 0)}
-    step = rng.pop("step", (manifest or {}).get("step", 0))
+        return saved_step
+    step = int(rng.pop("step", saved_step))
     restore_rng_state(rng, strict=strict)
-    return {"step": step}
+    return step

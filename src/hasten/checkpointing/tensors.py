@@ -8,6 +8,7 @@ that was checksummed: peak memory while loading is the model plus one file.
 from __future__ import annotations
 
 import json
+import mmap
 from typing import Any
 
 import torch
@@ -119,7 +120,7 @@ def write_safetensors(handle: Any, state_dict: dict[str, torch.Tensor]) -> None:
             handle.write(tensor.view(-1).view(torch.uint8).numpy().data)
 
 
-def tensors_from_safetensors(buffer: bytearray) -> dict[str, torch.Tensor]:
+def tensors_from_safetensors(buffer: bytearray | mmap.mmap) -> dict[str, torch.Tensor]:
     """Zero-copy tensors over a safetensors file held in ``buffer``, tied names restored.
 
     Raises:

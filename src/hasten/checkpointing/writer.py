@@ -1,7 +1,7 @@
 """Writing a checkpoint: plan the files, write them (inline or on a thread), publish atomically.
 
 Every process writes its share into the staging folder and then a small ``.records_<rank>.json``
-listing what it wrote (size, CRC32). The main process waits for every rank's record file, writes
+listing what it wrote (size, block checksums). The main process waits for every rank's record file, writes
 the manifest and renames the folder into place. Coordinating through files rather than
 collectives lets the same code run on a background thread (``async_save``) without ever issuing a
 collective beside the training loop's.
@@ -10,6 +10,7 @@ collective beside the training loop's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -17,7 +18,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -174,11 +176,8 @@ class SavePlan:
 def _write_job(folder: Path, job: FileJob) -> FileRecord:
     with open(folder / job.name, "wb") as handle:
         writer = ChecksumWriter(handle)
-        try:
-            job.write(writer)
-        finally:
-            writer.close()
-    return FileRecord(job.name, writer.size, writer.crc32)
+        job.write(writer)
+    return writer.record(job.name)
 
 
 def _fsync_file(path: Path) -> None:
@@ -190,7 +189,10 @@ def _fsync_file(path: Path) -> None:
 
 
 def _publish_records(plan: SavePlan, records: list[FileRecord], error: str | None = None) -> None:
-    payload: dict[str, Any] = {"host": socket.gethostname(), "files": [asdict(r) for r in records]}
+    payload: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "files": [r.to_json() for r in records],
+    }
     if error is not None:
         payload["error"] = error
     path = plan.staging / _RECORDS.format(rank=plan.rank)
@@ -219,24 +221,52 @@ def _collect_records(plan: SavePlan) -> list[FileRecord]:
                 "The checkpoint was not published; earlier checkpoints are untouched."
             )
         if payload["host"] == host or not plan.save_on_each_node:
-            records += [FileRecord(**f) for f in payload["files"]]
+            records += [FileRecord.from_json(f) for f in payload["files"]]
     return records
 
 
-def _write_all(plan: SavePlan) -> list[FileRecord]:
-    records: list[FileRecord] = []
-    current = ""
+class _FileFailed(Exception):
+    """An OSError while writing or syncing one file, with the file's name."""
+
+    def __init__(self, name: str, error: OSError) -> None:
+        super().__init__(name)
+        self.name = name
+        self.error = error
+
+
+def _write_named(folder: Path, job: FileJob) -> FileRecord:
     try:
-        for job in plan.jobs:
-            current = job.name
-            records.append(_write_job(plan.staging, job))
-        # Made durable after all are written: the kernel flushes the first files while the
-        # later ones are written, instead of each fsync waiting for a cold start.
-        for record in records:
-            current = record.name
-            _fsync_file(plan.staging / record.name)
+        return _write_job(folder, job)
     except OSError as exc:
-        message = f"{exc.strerror or exc} while writing {current}"
+        raise _FileFailed(job.name, exc) from exc
+
+
+def _sync_named(folder: Path, record: FileRecord) -> None:
+    try:
+        _fsync_file(folder / record.name)
+    except OSError as exc:
+        raise _FileFailed(record.name, exc) from exc
+
+
+def _write_threads(jobs: int) -> int:
+    return max(1, min(4, jobs, os.cpu_count() or 1))
+
+
+def _write_all(plan: SavePlan) -> list[FileRecord]:
+    """Write every job's file on a few threads at once, then fsync them all.
+
+    Large writes release the GIL, so two files (the weights and the optimizer state) fill
+    page cache on two cores at once; fsyncing after all are written lets the kernel flush the
+    first files while the later ones are written, instead of each fsync waiting for a cold start.
+    """
+    records: list[FileRecord] = []
+    try:
+        with ThreadPoolExecutor(_write_threads(len(plan.jobs)), "hasten-write") as pool:
+            records = list(pool.map(functools.partial(_write_named, plan.staging), plan.jobs))
+            list(pool.map(functools.partial(_sync_named, plan.staging), records))
+    except _FileFailed as failed:
+        exc = failed.error
+        message = f"{exc.strerror or exc} while writing {failed.name}"
         with contextlib.suppress(OSError):  # tell the main process, if the disk still allows
             _publish_records(plan, records, error=message)
         raise OSError(

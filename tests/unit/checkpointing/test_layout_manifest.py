@@ -15,10 +15,10 @@ from hasten.checkpointing.manifest import (
     MANIFEST_NAME,
     CorruptCheckpointError,
     read_manifest,
-    read_verified,
     write_bytes,
     write_manifest,
 )
+from hasten.checkpointing.reader import read_verified
 from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
 from hasten.checkpointing.tensors import (
     dedupe_shared_tensors,
@@ -167,39 +167,3 @@ def test_manifest_lists_every_file_once(tmp_path: Path) -> None:
         write_manifest(tmp_path, records, {})
     assert not (tmp_path / MANIFEST_NAME).exists()
     assert json.loads(json.dumps({"ok": True}))
-
-
-@pytest.mark.parametrize("size", [0, 5, (8 << 20) * 2 + 123])
-def test_streamed_and_whole_reads_check_the_crc(tmp_path: Path, size: int) -> None:
-    from hasten.checkpointing.manifest import verify_file
-
-    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
-    (tmp_path / "c").mkdir()
-    write_manifest(tmp_path / "c", [write_bytes(tmp_path / "c", "big.bin", payload)], {})
-    manifest = read_manifest(tmp_path / "c")
-    assert verify_file(tmp_path / "c", "big.bin", manifest) == tmp_path / "c" / "big.bin"
-    assert bytes(read_verified(tmp_path / "c", "big.bin", manifest)) == payload
-    if size:
-        damaged = bytearray(payload)
-        damaged[-1] ^= 0xFF
-        (tmp_path / "c" / "big.bin").write_bytes(bytes(damaged))
-        with pytest.raises(CorruptCheckpointError, match=r"big\.bin is corrupted"):
-            verify_file(tmp_path / "c", "big.bin", manifest)
-        with pytest.raises(CorruptCheckpointError, match=r"big\.bin is corrupted"):
-            read_verified(tmp_path / "c", "big.bin", manifest)
-
-
-def test_checksum_writer_matches_zlib_for_small_and_large_chunks(tmp_path: Path) -> None:
-    import zlib
-
-    from hasten.checkpointing.manifest import ChecksumWriter
-
-    chunks = [b"abc", bytes(3 << 20), torch.arange(600_000, dtype=torch.float32).numpy().data]
-    with open(tmp_path / "f", "wb") as handle:
-        writer = ChecksumWriter(handle)
-        for chunk in chunks:
-            writer.write(chunk)
-        writer.close()
-    data = (tmp_path / "f").read_bytes()
-    assert writer.size == len(data) == 3 + (3 << 20) + 600_000 * 4
-    assert writer.crc32 == zlib.crc32(data)

@@ -274,12 +274,13 @@ def test_accumulated_gradients_round_trip_per_process(tmp_path: Path) -> None:
     assert not list((tmp_path / "clean").glob("gradients_*"))
 
 
-def test_large_pickles_are_verified_streaming_and_memory_mapped(
+def test_multi_block_files_are_read_in_parallel_and_verified_before_use(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hasten.checkpointing import state as state_module
+    from hasten.checkpointing import checksum, reader
 
-    monkeypatch.setattr(state_module, "_MMAP_BYTES", 0)  # every pickle takes the large path
+    monkeypatch.setattr(checksum, "BLOCK_BYTES", 4096)  # every file spans several blocks
+    monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # and goes to huge-page host memory
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 2)
     save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
@@ -322,3 +323,22 @@ def test_async_saves_reuse_host_buffers_and_keep_ties(tmp_path: Path) -> None:
     assert fresh.head.weight is fresh.emb.weight
     for key, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[key], value)
+
+
+def test_reloading_in_process_reuses_the_live_tensors_and_resumes_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hasten.checkpointing import checksum, reader
+
+    monkeypatch.setattr(checksum, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # every file is read into place
+    model, opt, sched, counter = _setup(0)
+    _train(model, opt, sched, 2)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    expected = _train(model, opt, sched, 3)  # moves the weights and optimizer state on
+    params = {name: id(p) for name, p in model.named_parameters()}
+    moments = {id(t) for state in opt.state.values() for t in state.values()}
+    load_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    assert {name: id(p) for name, p in model.named_parameters()} == params
+    assert {id(t) for state in opt.state.values() for t in state.values()} == moments
+    assert _train(model, opt, sched, 3) == expected

@@ -1,0 +1,298 @@
+"""Reading a checkpoint's files: parallel block reads into huge-page memory, verified, zero-copy.
+
+Each file is read once, by several threads at a time (one block each), and every block is hashed
+right after it is read, while it is still in cache. Large files go straight to where their
+tensors will live (`hasten.checkpointing.scatter`); the rest, and files bound for another
+device, go whole into host memory that asks the kernel for transparent huge pages (filling fresh
+memory in 4 KiB pages costs more than the copy itself on many machines, 2 MiB pages almost
+nothing) and are handed on only once every block matches. Tensors are views of that memory
+(safetensors through `tensors_from_safetensors`, pickles through `unpickle_buffer`): no second
+copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import io
+import mmap
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from hasten.checkpointing.checksum import block_digest
+from hasten.checkpointing.io import load, refuse_unsafe
+from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.scatter import place_tensors, read_views, scatter_read
+from hasten.checkpointing.tensors import tensors_from_safetensors
+
+__all__ = ["CheckpointReader", "host_buffer", "read_verified", "unpickle_buffer"]
+
+Buffer = bytearray | mmap.mmap
+
+# Files smaller than this go to a plain bytearray: huge pages only pay off for large buffers.
+_SMALL_BYTES = 1 << 20
+# Blocks read without a manifest (strict=False), so large files are still read in parallel.
+_UNVERIFIED_BLOCK_BYTES = 16 << 20
+
+
+def host_buffer(nbytes: int) -> Buffer:
+    """Writable zeroed host memory of ``nbytes``, on transparent huge pages where offered.
+
+    Large buffers are private anonymous mappings advised ``MADV_HUGEPAGE``; they are returned
+    to the system as soon as nothing (no tensor view) refers to them any more.
+    """
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if nbytes < _SMALL_BYTES or not flags:
+        return bytearray(nbytes)
+    buffer = mmap.mmap(-1, nbytes, flags=flags)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):  # kernels without THP still give ordinary pages
+            buffer.madvise(advice)
+    return buffer
+
+
+def _read_block(
+    fd: int, view: memoryview, path: Path, block_bytes: int, expected: FileRecord | None, index: int
+) -> bool:
+    """Read block ``index`` into ``view``; whether it matches the manifest (True without one)."""
+    offset = index * block_bytes
+    target = view[offset : offset + block_bytes]
+    read_views(fd, [target], offset, path)
+    return expected is None or block_digest(target) == expected.blocks[index]
+
+
+def _expected(
+    path: Path, name: str, size: int, manifest: dict[str, Any] | None
+) -> FileRecord | None:
+    if manifest is None:
+        return None
+    record: FileRecord | None = manifest["files"].get(name)
+    if record is None:
+        raise CorruptCheckpointError(f"{path} is not listed in the checkpoint manifest.")
+    blocks = -(-size // manifest["block_bytes"])
+    if record.size != size or len(record.blocks) != blocks:
+        raise CorruptCheckpointError(
+            f"{path} is truncated or damaged: {size} bytes, the manifest says {record.size}. "
+            "Load an earlier checkpoint."
+        )
+    return record
+
+
+def read_verified(
+    folder: Path,
+    name: str,
+    manifest: dict[str, Any] | None,
+    pool: ThreadPoolExecutor | None = None,
+) -> Buffer:
+    """Read ``folder/name`` whole into fresh host memory, checking every block's checksum.
+
+    With ``pool`` the blocks are read and hashed on its threads in parallel. Without a manifest
+    (non-strict loading) the file is read unverified.
+
+    Raises:
+        CorruptCheckpointError: the file is not in the manifest, has the wrong size, or a block
+            does not match (the message names the file).
+    """
+    path = folder / name
+    with open(path, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        expected = _expected(path, name, size, manifest)
+        block_bytes = manifest["block_bytes"] if manifest is not None else _UNVERIFIED_BLOCK_BYTES
+        buffer = host_buffer(size)
+        view = memoryview(buffer)
+        try:
+            read = functools.partial(
+                _read_block, handle.fileno(), view, path, block_bytes, expected
+            )
+            blocks = range(-(-size // block_bytes))
+            if pool is None or len(blocks) < 2:
+                matches = [read(i) for i in blocks]
+            else:
+                matches = list(pool.map(read, blocks))
+        finally:
+            view.release()
+    if not all(matches):
+        raise CorruptCheckpointError(
+            f"{path} is corrupted: block {matches.index(False)} does not match the checksum in "
+            "the manifest. Load an earlier checkpoint."
+        )
+    return buffer
+
+
+class _ViewFile(io.RawIOBase):
+    """A read-only seekable file over a memoryview, for torch's zip reader."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, target: Any) -> int:
+        count = max(0, min(len(target), self._view.nbytes - self._pos))
+        target[:count] = self._view[self._pos : self._pos + count]
+        self._pos += count
+        return count
+
+
+@functools.cache
+def _zero_copy_loader() -> Callable[..., Any] | None:
+    """torch's internal loader over an in-memory file when this torch has it, else None.
+
+    ``torch.serialization._load`` accepts ``overall_storage`` (the storage ``torch.load`` uses
+    for ``mmap=True``) since torch 2.1; checked once rather than trusted.
+    """
+    loader = getattr(torch.serialization, "_load", None)
+    reader = getattr(torch._C, "PyTorchFileReader", None)
+    unpickler = getattr(torch.serialization, "_weights_only_unpickler", None)
+    if loader is None or reader is None or unpickler is None:
+        return None
+    try:
+        parameters = inspect.signature(loader).parameters
+    except (TypeError, ValueError):
+        return None
+    if "overall_storage" not in parameters:
+        return None
+
+    def run(buffer: Buffer, map_location: Any) -> Any:
+        zip_reader = reader(_ViewFile(memoryview(buffer)))
+        storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+        return loader(
+            zip_reader, map_location, unpickler, overall_storage=storage, encoding="utf-8"
+        )
+
+    return run
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def unpickle_buffer(buffer: Buffer, map_location: Any = None, source: object = None) -> Any:
+    """``torch.load(weights_only=True)`` of a file held in ``buffer``, without copying tensors.
+
+    CPU tensors come back as views of ``buffer`` (which they keep alive); other locations get
+    copies, as with ``torch.load``. Files torch's zip loader cannot take (the legacy format)
+    are loaded the ordinary way.
+
+    Raises:
+        UnsafeCheckpointError: the pickle needs types beyond tensors, plain data and numpy arrays.
+    """
+    loader = _zero_copy_loader()
+    if loader is None or len(buffer) < len(_ZIP_MAGIC) or buffer[:4] != _ZIP_MAGIC:
+        return load(io.BytesIO(buffer), map_location=map_location)
+    with refuse_unsafe(source if source is not None else "a checkpoint file"):
+        return loader(buffer, map_location)
+
+
+def _read_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+class CheckpointReader:
+    """The files of one checkpoint folder, read in parallel and verified against its manifest.
+
+    Use it as a context manager: it owns the read threads for the duration of one load.
+    """
+
+    def __init__(self, folder: Path, manifest: dict[str, Any] | None) -> None:
+        self.folder = folder
+        self.manifest = manifest
+        self._pool = ThreadPoolExecutor(_read_threads(), thread_name_prefix="hasten-read")
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._pool.shutdown(wait=True)
+
+    def exists(self, name: str) -> bool:
+        """Whether the checkpoint has a file ``name``."""
+        return (self.folder / name).is_file()
+
+    def read(self, name: str) -> Buffer:
+        """The verified bytes of ``name``."""
+        return read_verified(self.folder, name, self.manifest, self._pool)
+
+    def tensors(
+        self, name: str, like: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The tensors of the safetensors file ``name``, verified.
+
+        Large files are read straight into ``like``'s matching tensors (reused, as a model's
+        parameters) or into fresh huge-page memory (see `hasten.checkpointing.scatter`).
+        """
+        if self._small(name):
+            return tensors_from_safetensors(self.read(name))
+        tensors: dict[str, torch.Tensor] = self._scatter(name, tensors_from_safetensors, like)
+        return tensors
+
+    def unpickle(self, name: str, map_location: Any = None, like: Any = None) -> Any:
+        """The object in the pickle ``name``, loaded safely (see `unpickle_buffer`).
+
+        Like `tensors`, large files on the CPU go straight into ``like``'s tensors or fresh
+        memory; other locations get a verified copy moved there.
+        """
+        source = str(self.folder / name)
+        on_cpu = map_location is None or torch.device(map_location).type == "cpu"
+        if self._small(name) or not on_cpu or _zero_copy_loader() is None:
+            return unpickle_buffer(self.read(name), map_location, source=source)
+        return self._scatter(name, lambda data: unpickle_buffer(data, None, source=source), like)
+
+    def _small(self, name: str) -> bool:
+        return (self.folder / name).stat().st_size < _SMALL_BYTES
+
+    def _scatter(self, name: str, parse: Callable[[Any], Any], like: Any) -> Any:
+        path = self.folder / name
+        with open(path, "rb", buffering=0) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            expected = _expected(path, name, size, self.manifest)
+            mapping = mmap.mmap(
+                handle.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+            )
+            try:
+                parsed = parse(mapping)  # reads only the headers: the tensors stay untouched
+            except CorruptCheckpointError:
+                raise
+            except Exception:
+                self.read(name)  # a damaged file is reported as such
+                raise
+            placement = place_tensors(parsed, like, mapping, host_buffer)
+            del parsed
+            if placement is None:
+                return parse(self.read(name))
+            block_bytes = self._block_bytes()
+            scatter_read(
+                handle.fileno(), path, size, placement.pieces, block_bytes, expected, self._pool
+            )
+        return placement.result
+
+    def _block_bytes(self) -> int:
+        if self.manifest is None:
+            return _UNVERIFIED_BLOCK_BYTES
+        return int(self.manifest["block_bytes"])
