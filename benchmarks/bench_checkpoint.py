@@ -148,8 +148,8 @@ def _accelerate_setup(cls: Any, mb: int) -> tuple[dict[str, Case], dict[str, tup
 
 def _interleaved(
     saves: dict[str, Case], loads: dict[str, tuple[Case, Case]], root: Path, rounds: int
-) -> dict[str, float]:
-    """Median seconds of each case; every round runs every case once, so drift hits all alike."""
+) -> dict[str, list[float]]:
+    """Seconds of each case per round; every round runs every case once, so drift hits all alike."""
     sources = {}
     for name, (save, _) in loads.items():
         sources[name] = root / f"source_{len(sources)}"
@@ -177,7 +177,7 @@ def _interleaved(
             times[name].append(time.perf_counter() - start)
     for folder in sources.values():
         shutil.rmtree(folder)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
 
 
 def _async_blocked(accelerator: Any, root: Path, rounds: int) -> float:
@@ -256,8 +256,8 @@ def _child(code: str) -> dict[str, Any]:
 
 def _resume_times(
     loads: dict[str, tuple[Case, Case]], mb: int, root: Path, rounds: int
-) -> dict[str, float]:
-    """Median load time in fresh processes (a restarted job), interleaved like `_interleaved`."""
+) -> dict[str, list[float]]:
+    """Load times in fresh processes (a restarted job), interleaved like `_interleaved`."""
     kinds = {"raw load": "raw", "hasten load_state": "hasten", "accelerate load_state": "hf"}
     sources = {}
     for name, kind in kinds.items():
@@ -274,7 +274,7 @@ def _resume_times(
             times[kind].append(_child(code)["seconds"])
     for folder in sources.values():
         shutil.rmtree(folder)
-    return {kind: statistics.median(values) for kind, values in times.items()}
+    return times
 
 
 def _memory(kind: str, mb: int, root: Path, shard_mb: int) -> dict[str, Any]:
@@ -313,10 +313,13 @@ def _report(args: argparse.Namespace, root: Path) -> None:
         hf_saves, hf_loads = _accelerate_setup(hf, args.mb)
         saves.update(hf_saves)
         loads.update(hf_loads)
-    t = _interleaved(saves, loads, root, args.rounds)
+    runs = _interleaved(saves, loads, root, args.rounds)
+    t = {name: statistics.median(values) for name, values in runs.items()}
+    print("  case                         median  (min - max)          throughput")
     for name, seconds in t.items():
         size = args.mb if "save_file" in name or "save_model" in name else total
-        print(f"  {name:<28} {seconds:7.3f} s  {size / seconds:8.0f} MB/s")
+        spread = f"({min(runs[name]):.3f} - {max(runs[name]):.3f})"
+        print(f"  {name:<28} {seconds:6.3f} s {spread:<17} {size / seconds:6.0f} MB/s")
     print("ratios of times (< 1.0: hasten is faster):")
     pairs = [
         ("hasten save_state", "raw save"),
@@ -330,10 +333,12 @@ def _report(args: argparse.Namespace, root: Path) -> None:
     for ours_name, reference in pairs:
         if reference in t:
             print(f"  {ours_name} / {reference:<24} {t[ours_name] / t[reference]:.2f}x")
-    resume = _resume_times(loads, args.mb, root, args.rounds)
-    print("load into a fresh process (a restarted job), median:")
+    resume_runs = _resume_times(loads, args.mb, root, args.rounds)
+    resume = {kind: statistics.median(values) for kind, values in resume_runs.items()}
+    print("load into a fresh process (a restarted job): median (min - max)")
     for kind, seconds in resume.items():
-        print(f"  {kind:<10} {seconds:7.3f} s  {total / seconds:8.0f} MB/s")
+        spread = f"({min(resume_runs[kind]):.3f} - {max(resume_runs[kind]):.3f})"
+        print(f"  {kind:<10} {seconds:6.3f} s {spread:<17} {total / seconds:6.0f} MB/s")
     print(f"  hasten / raw {resume['hasten'] / resume['raw']:.2f}x", end="")
     if "hf" in resume:
         print(f"   hasten / accelerate {resume['hasten'] / resume['hf']:.2f}x", end="")
