@@ -150,7 +150,7 @@ def _interleaved(
     saves: dict[str, Case], loads: dict[str, tuple[Case, Case]], root: Path, rounds: int
 ) -> dict[str, list[float]]:
     """Seconds of each case per round; every round runs every case once, so drift hits all alike."""
-    sources = {}
+    sources: dict[str, Path] = {}
     for name, (save, _) in loads.items():
         sources[name] = root / f"source_{len(sources)}"
         sources[name].mkdir()
