@@ -315,13 +315,21 @@ def load_accelerator_state(
             try:
                 # an optimizer's state tensors are replaced by the loaded ones anyway, so large
                 # files are read into them in place (see hasten.checkpointing.scatter)
-                like = target.state_dict() if id(target) in optimizers else None
+                like = _current_state(target) if id(target) in optimizers else None
                 target.load_state_dict(files.unpickle(name, map_location, like=like))
             except CorruptCheckpointError:
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 _warn_or_raise(part, exc, strict)
         return {"step": _load_rng(files, strict)}
+
+
+def _current_state(optimizer: Any) -> Any:
+    """The optimizer's live state dict to read into, or None if it cannot give one cheaply."""
+    try:
+        return optimizer.state_dict()
+    except Exception:  # noqa: BLE001 - e.g. ZeroRedundancyOptimizer before consolidation
+        return None
 
 
 def _stateful_parts(contents: CheckpointContents) -> list[tuple[str, str, Any]]:

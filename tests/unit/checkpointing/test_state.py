@@ -342,3 +342,24 @@ def test_reloading_in_process_reuses_the_live_tensors_and_resumes_exactly(
     assert {name: id(p) for name, p in model.named_parameters()} == params
     assert {id(t) for state in opt.state.values() for t in state.values()} == moments
     assert _train(model, opt, sched, 3) == expected
+
+
+def test_an_optimizer_without_a_cheap_state_dict_is_loaded_into_fresh_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hasten.checkpointing import reader
+
+    monkeypatch.setattr(reader, "_SMALL_BYTES", 0)
+    model, opt, sched, counter = _setup(0)
+    _train(model, opt, sched, 2)
+    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    expected = _train(model, opt, sched, 2)
+    fresh, fresh_opt, fresh_sched, fresh_counter = _setup(1)
+    _train(fresh, fresh_opt, fresh_sched, 1)  # has state, but will not hand it out
+
+    def refuse() -> dict:
+        raise RuntimeError("consolidate_state_dict() first")
+
+    monkeypatch.setattr(fresh_opt, "state_dict", refuse)
+    load_accelerator_state(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
+    assert _train(fresh, fresh_opt, fresh_sched, 2) == expected
