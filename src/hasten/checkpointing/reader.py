@@ -22,17 +22,17 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from hasten.checkpointing.checksum import block_digest
 from hasten.checkpointing.io import load, refuse_unsafe
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
-from hasten.checkpointing.scatter import place_tensors, read_views, scatter_read
+from hasten.checkpointing.scatter import check_blocks, place_tensors, read_views, submit_blocks
 from hasten.checkpointing.tensors import tensors_from_safetensors
 
-__all__ = ["CheckpointReader", "host_buffer", "read_verified", "unpickle_buffer"]
+__all__ = ["CheckpointReader", "PendingRead", "host_buffer", "read_verified", "unpickle_buffer"]
 
 Buffer = bytearray | mmap.mmap
 
@@ -209,16 +209,38 @@ def _read_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+class PendingRead:
+    """A file being loaded on the reader's threads; `result` waits, checks and returns it."""
+
+    def __init__(self, value: Any, finish: Callable[[], None] | None = None) -> None:
+        self._value = value
+        self._finish = finish
+
+    def result(self) -> Any:
+        """The loaded object, once every block is read and matches the manifest.
+
+        Raises:
+            CorruptCheckpointError: a block did not match (naming the file and block).
+        """
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
+        return self._value
+
+
 class CheckpointReader:
     """The files of one checkpoint folder, read in parallel and verified against its manifest.
 
-    Use it as a context manager: it owns the read threads for the duration of one load.
+    Use it as a context manager: it owns the read threads for the duration of one load. The
+    ``start_*`` methods return as soon as a large file is parsed and its blocks are queued, so
+    the caller can parse the next file while the threads read this one.
     """
 
     def __init__(self, folder: Path, manifest: dict[str, Any] | None) -> None:
         self.folder = folder
         self.manifest = manifest
         self._pool = ThreadPoolExecutor(_read_threads(), thread_name_prefix="hasten-read")
+        self._open: list[BinaryIO] = []
 
     def __enter__(self) -> CheckpointReader:
         return self
@@ -229,7 +251,9 @@ class CheckpointReader:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True)  # reads still queued finish before their files close
+        for handle in self._open:
+            handle.close()
 
     def exists(self, name: str) -> bool:
         """Whether the checkpoint has a file ``name``."""
@@ -242,55 +266,91 @@ class CheckpointReader:
     def tensors(
         self, name: str, like: Mapping[str, torch.Tensor] | None = None
     ) -> dict[str, torch.Tensor]:
-        """The tensors of the safetensors file ``name``, verified.
-
-        Large files are read straight into ``like``'s matching tensors (reused, as a model's
-        parameters) or into fresh huge-page memory (see `hasten.checkpointing.scatter`).
-        """
-        if self._small(name):
-            return tensors_from_safetensors(self.read(name))
-        tensors: dict[str, torch.Tensor] = self._scatter(name, tensors_from_safetensors, like)
+        """The tensors of the safetensors file ``name``, verified (see `start_tensors`)."""
+        tensors: dict[str, torch.Tensor] = self.start_tensors(name, like).result()
         return tensors
 
     def unpickle(self, name: str, map_location: Any = None, like: Any = None) -> Any:
-        """The object in the pickle ``name``, loaded safely (see `unpickle_buffer`).
+        """The object in the pickle ``name``, loaded safely (see `start_unpickle`)."""
+        return self.start_unpickle(name, map_location, like).result()
 
-        Like `tensors`, large files on the CPU go straight into ``like``'s tensors or fresh
-        memory; other locations get a verified copy moved there.
+    def start_tensors(
+        self,
+        name: str,
+        like: Mapping[str, torch.Tensor] | None = None,
+        check: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    ) -> PendingRead:
+        """Start loading the safetensors file ``name``.
+
+        Large files are read straight into ``like``'s matching tensors (reused, as a model's
+        parameters) or into fresh huge-page memory (see `hasten.checkpointing.scatter`).
+        ``check`` sees the tensors (names, shapes, dtypes) before any data is read into place;
+        an exception it raises leaves ``like`` untouched.
+        """
+        if self._small(name):
+            tensors = tensors_from_safetensors(self.read(name))
+            if check is not None:
+                check(tensors)
+            return PendingRead(tensors)
+        return self._scatter(name, tensors_from_safetensors, like, check)
+
+    def start_unpickle(
+        self,
+        name: str,
+        map_location: Any = None,
+        like: Any = None,
+        check: Callable[[Any], None] | None = None,
+    ) -> PendingRead:
+        """Start loading the pickle ``name`` safely (see `unpickle_buffer`).
+
+        Like `start_tensors`, large files bound for the CPU go straight into ``like``'s tensors
+        or fresh memory; other locations get a verified copy moved there.
         """
         source = str(self.folder / name)
         on_cpu = map_location is None or torch.device(map_location).type == "cpu"
         if self._small(name) or not on_cpu or _zero_copy_loader() is None:
-            return unpickle_buffer(self.read(name), map_location, source=source)
-        return self._scatter(name, lambda data: unpickle_buffer(data, None, source=source), like)
+            value = unpickle_buffer(self.read(name), map_location, source=source)
+            if check is not None:
+                check(value)
+            return PendingRead(value)
+        parse = functools.partial(unpickle_buffer, map_location=None, source=source)
+        return self._scatter(name, parse, like, check)
 
     def _small(self, name: str) -> bool:
         return (self.folder / name).stat().st_size < _SMALL_BYTES
 
-    def _scatter(self, name: str, parse: Callable[[Any], Any], like: Any) -> Any:
+    def _scatter(
+        self,
+        name: str,
+        parse: Callable[[Any], Any],
+        like: Any,
+        check: Callable[[Any], None] | None,
+    ) -> PendingRead:
         path = self.folder / name
-        with open(path, "rb", buffering=0) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            expected = _expected(path, name, size, self.manifest)
-            mapping = mmap.mmap(
-                handle.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
-            )
-            try:
-                parsed = parse(mapping)  # reads only the headers: the tensors stay untouched
-            except CorruptCheckpointError:
-                raise
-            except Exception:
-                self.read(name)  # a damaged file is reported as such
-                raise
-            placement = place_tensors(parsed, like, mapping, host_buffer)
-            del parsed
-            if placement is None:
-                return parse(self.read(name))
-            block_bytes = self._block_bytes()
-            scatter_read(
-                handle.fileno(), path, size, placement.pieces, block_bytes, expected, self._pool
-            )
-        return placement.result
+        handle = open(path, "rb", buffering=0)  # noqa: SIM115 - closed with the reader
+        self._open.append(handle)
+        size = os.fstat(handle.fileno()).st_size
+        expected = _expected(path, name, size, self.manifest)
+        mapping = mmap.mmap(
+            handle.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
+        try:
+            parsed = parse(mapping)  # reads only the headers: the tensors stay untouched
+        except CorruptCheckpointError:
+            raise
+        except Exception:
+            self.read(name)  # a damaged file is reported as such
+            raise
+        if check is not None:
+            check(parsed)
+        placement = place_tensors(parsed, like, mapping, host_buffer)
+        del parsed
+        if placement is None:
+            return PendingRead(parse(self.read(name)))
+        blocks = submit_blocks(
+            handle.fileno(), path, size, placement.pieces, self._block_bytes(), expected, self._pool
+        )
+        return PendingRead(placement.result, lambda: check_blocks(path, blocks))
 
     def _block_bytes(self) -> int:
         if self.manifest is None:

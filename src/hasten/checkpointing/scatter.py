@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,14 @@ import torch
 from hasten.checkpointing.checksum import pieces_digest
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 
-__all__ = ["Placement", "place_tensors", "read_views", "scatter_read"]
+__all__ = [
+    "Placement",
+    "check_blocks",
+    "place_tensors",
+    "read_views",
+    "scatter_read",
+    "submit_blocks",
+]
 
 _ALIGN = 64
 _IOV_MAX = 1024  # the most buffers one preadv call takes on Linux
@@ -202,6 +209,45 @@ def _block_views(
     return views
 
 
+def submit_blocks(
+    fd: int,
+    path: Path,
+    size: int,
+    pieces: list[tuple[int, memoryview]],
+    block_bytes: int,
+    expected: FileRecord | None,
+    pool: ThreadPoolExecutor,
+) -> list[Future[bool]]:
+    """Queue reading the whole file into ``pieces`` (and scratch), one block per task.
+
+    Each task returns whether its block matches ``expected`` (True without a manifest); see
+    `check_blocks`. ``fd`` must stay open until every task is done.
+    """
+    starts = [offset for offset, _ in pieces]
+
+    def read_block(index: int) -> bool:
+        begin = index * block_bytes
+        views = _block_views(pieces, starts, begin, min(begin + block_bytes, size))
+        read_views(fd, views, begin, path)
+        return expected is None or pieces_digest(views) == expected.blocks[index]
+
+    return [pool.submit(read_block, index) for index in range(-(-size // block_bytes))]
+
+
+def check_blocks(path: Path, blocks: list[Future[bool]]) -> None:
+    """Wait for the blocks of `submit_blocks`.
+
+    Raises:
+        CorruptCheckpointError: a block's checksum does not match (naming the file and block).
+    """
+    matches = [block.result() for block in blocks]
+    if not all(matches):
+        raise CorruptCheckpointError(
+            f"{path} is corrupted: block {matches.index(False)} does not match the checksum in "
+            "the manifest. Load an earlier checkpoint."
+        )
+
+
 def scatter_read(
     fd: int,
     path: Path,
@@ -216,17 +262,4 @@ def scatter_read(
     Raises:
         CorruptCheckpointError: a block's checksum does not match (naming the file and block).
     """
-    starts = [offset for offset, _ in pieces]
-
-    def read_block(index: int) -> bool:
-        begin = index * block_bytes
-        views = _block_views(pieces, starts, begin, min(begin + block_bytes, size))
-        read_views(fd, views, begin, path)
-        return expected is None or pieces_digest(views) == expected.blocks[index]
-
-    matches = list(pool.map(read_block, range(-(-size // block_bytes))))
-    if not all(matches):
-        raise CorruptCheckpointError(
-            f"{path} is corrupted: block {matches.index(False)} does not match the checksum in "
-            "the manifest. Load an earlier checkpoint."
-        )
+    check_blocks(path, submit_blocks(fd, path, size, pieces, block_bytes, expected, pool))

@@ -27,7 +27,7 @@ import torch
 
 from hasten.checkpointing import layout
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
-from hasten.checkpointing.reader import CheckpointReader
+from hasten.checkpointing.reader import CheckpointReader, PendingRead
 from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
 from hasten.checkpointing.writer import (
     FileJob,
@@ -223,19 +223,31 @@ def _mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
     return "; ".join(parts)
 
 
-def _load_model(files: CheckpointReader, index: int, model: torch.nn.Module, strict: bool) -> None:
+def _start_model(
+    files: CheckpointReader, index: int, model: torch.nn.Module, strict: bool
+) -> PendingRead:
+    """Start reading model ``index``; a strict mismatch raises before any weight is touched."""
+
+    def check(state: dict[str, torch.Tensor]) -> None:
+        problem = _mismatch(model, state)
+        if problem and strict:
+            raise ValueError(
+                f"The checkpoint's model {index} does not match the model given: {problem}. "
+                "Load a checkpoint of this model, or pass strict=False to load the matching "
+                "keys only."
+            )
+
     safe_name = layout.model_file(index, True)
     current = model.state_dict(keep_vars=True)  # large files are read into these in place
     if files.exists(safe_name):
-        state = files.tensors(safe_name, like=current)
-    else:
-        state = files.unpickle(layout.model_file(index, False), "cpu", like=current)
+        return files.start_tensors(safe_name, like=current, check=check)
+    return files.start_unpickle(layout.model_file(index, False), "cpu", like=current, check=check)
+
+
+def _apply_model(
+    index: int, model: torch.nn.Module, state: dict[str, torch.Tensor], strict: bool
+) -> None:
     problem = _mismatch(model, state)
-    if problem and strict:
-        raise ValueError(
-            f"The checkpoint's model {index} does not match the model given: {problem}. Load a "
-            "checkpoint of this model, or pass strict=False to load the matching keys only."
-        )
     if problem:
         own = model.state_dict()
         state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
@@ -307,21 +319,41 @@ def load_accelerator_state(
     manifest = _open_manifest(folder, strict)
     _check_counts(folder, contents)
     with CheckpointReader(folder, manifest) as files:
-        for index, model in enumerate(contents.models):
-            _load_model(files, index, model, strict)
+        # Every file is parsed and queued first, so parsing one overlaps reading the others;
+        # each is applied only once all its blocks are read and verified.
+        models = [_start_model(files, i, m, strict) for i, m in enumerate(contents.models)]
+        parts = [
+            (part, target, _start_part(files, name, target, contents, map_location))
+            for part, name, target in _stateful_parts(contents)
+        ]
+        for index, (model, pending) in enumerate(zip(contents.models, models)):
+            _apply_model(index, model, pending.result(), strict)
         _load_gradients(files, contents.models)
-        optimizers = {id(o) for o in contents.optimizers}
-        for part, name, target in _stateful_parts(contents):
+        for part, target, started in parts:
             try:
-                # an optimizer's state tensors are replaced by the loaded ones anyway, so large
-                # files are read into them in place (see hasten.checkpointing.scatter)
-                like = _current_state(target) if id(target) in optimizers else None
-                target.load_state_dict(files.unpickle(name, map_location, like=like))
+                if isinstance(started, BaseException):
+                    raise started
+                target.load_state_dict(started.result())
             except CorruptCheckpointError:
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 _warn_or_raise(part, exc, strict)
         return {"step": _load_rng(files, strict)}
+
+
+def _start_part(
+    files: CheckpointReader, name: str, target: Any, contents: CheckpointContents, where: Any
+) -> PendingRead | Exception:
+    """Start loading one stateful part; a failure is returned, to be raised in its turn."""
+    # an optimizer's state tensors are replaced by the loaded ones anyway, so large files are
+    # read into them in place (see hasten.checkpointing.scatter)
+    like = _current_state(target) if any(target is o for o in contents.optimizers) else None
+    try:
+        return files.start_unpickle(name, where, like=like)
+    except CorruptCheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported in order by load_accelerator_state
+        return exc
 
 
 def _current_state(optimizer: Any) -> Any:

@@ -148,6 +148,22 @@ def test_a_different_model_names_the_mismatching_keys(tmp_path: Path) -> None:
         load_accelerator_state(tmp_path / "c", contents)
 
 
+def test_a_strict_mismatch_leaves_the_model_untouched_when_read_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hasten.checkpointing import reader
+
+    monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # the weights would be read into place
+    model, opt, sched, counter = _setup(0)
+    save_accelerator_state(tmp_path / "c", CheckpointContents(model_states=[model.state_dict()]))
+    bigger = Tied()
+    bigger.extra = torch.nn.Linear(2, 2)
+    before = {k: v.clone() for k, v in bigger.state_dict().items()}
+    with pytest.raises(ValueError, match=r"missing \(first: extra\.weight"):
+        load_accelerator_state(tmp_path / "c", CheckpointContents(models=[bigger]))
+    assert all(torch.equal(before[k], v) for k, v in bigger.state_dict().items())
+
+
 def test_non_strict_loads_matching_keys_and_warns(tmp_path: Path) -> None:
     model, opt, sched, counter = _setup(0)
     save_accelerator_state(tmp_path / "c", CheckpointContents(model_states=[model.state_dict()]))
