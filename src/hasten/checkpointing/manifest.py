@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hasten.checkpointing import checksum
-from hasten.checkpointing.io import atomic_write, fsync_directory
+from hasten.checkpointing.io import EarlyWriteback, atomic_write, fsync_directory
 
 __all__ = [
     "ChecksumWriter",
@@ -55,7 +55,7 @@ class FileRecord:
 class ChecksumWriter:
     """A binary file wrapper that counts bytes and hashes each block as it is written."""
 
-    def __init__(self, handle: BinaryIO) -> None:
+    def __init__(self, handle: BinaryIO | EarlyWriteback) -> None:
         self._handle = handle
         self._hasher = checksum.BlockHasher(checksum.BLOCK_BYTES)
 

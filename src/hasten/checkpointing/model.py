@@ -10,6 +10,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import torch
 
@@ -62,7 +63,7 @@ def _write_shard(path: Path, tensors: dict[str, torch.Tensor], safe: bool) -> No
         if safe:
             write_safetensors(handle, tensors)
         else:
-            torch.save(tensors, handle)
+            torch.save(tensors, cast(BinaryIO, handle))  # torch.save needs only ``write``
 
 
 def save_model_weights(

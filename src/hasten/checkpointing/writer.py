@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from hasten.checkpointing import layout
-from hasten.checkpointing.io import fsync_directory
+from hasten.checkpointing.io import EarlyWriteback, fsync_directory
 from hasten.checkpointing.manifest import ChecksumWriter, FileRecord, write_manifest
 from hasten.checkpointing.tensors import write_safetensors
 from hasten.core.nested import recursively_apply
@@ -175,7 +175,7 @@ class SavePlan:
 
 def _write_job(folder: Path, job: FileJob) -> FileRecord:
     with open(folder / job.name, "wb") as handle:
-        writer = ChecksumWriter(handle)
+        writer = ChecksumWriter(EarlyWriteback(handle))
         job.write(writer)
     return writer.record(job.name)
 

@@ -122,3 +122,33 @@ def test_streamed_safetensors_match_the_library(tmp_path: Path) -> None:
             assert torch.equal(library[name], value), name
     header_len = int.from_bytes(out.getvalue()[:8], "little")
     assert (8 + header_len) % 8 == 0  # data aligned as the format asks
+
+
+def test_early_writeback_starts_disk_writes_every_32_mib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from hasten.checkpointing import io as io_module
+
+    if sys.platform.startswith("linux"):
+        assert io_module._sync_file_range() is not None  # the real libc call resolves
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(
+        io_module,
+        "_sync_file_range",
+        lambda: lambda fd, start, size, flags: calls.append((start, size, flags)) or 0,
+    )
+    monkeypatch.setattr(io_module, "_WRITEBACK_BYTES", 100)
+    with open(tmp_path / "f", "wb") as handle:
+        writer = io_module.EarlyWriteback(handle)
+        for piece in (b"a" * 60, b"b" * 60, b"c" * 30, b"d" * 120):
+            assert writer.write(piece) == len(piece)
+        writer.flush()
+        assert writer.fileno() == handle.fileno()
+    assert (tmp_path / "f").read_bytes() == b"a" * 60 + b"b" * 60 + b"c" * 30 + b"d" * 120
+    assert calls == [(0, 120, 2), (120, 150, 2)]
+    monkeypatch.setattr(io_module, "_sync_file_range", lambda: None)  # other systems: pass through
+    with open(tmp_path / "g", "wb") as handle:
+        io_module.EarlyWriteback(handle).write(b"x" * 500)
+    assert (tmp_path / "g").read_bytes() == b"x" * 500
