@@ -3,7 +3,7 @@
 Parsing a checkpoint file over a lazy memory map tells where every tensor's bytes lie in the
 file without touching them. Each tensor then gets its destination: the matching tensor the
 object already holds (an optimizer's state, a model's parameters: reloading allocates nothing)
-or a slice of one fresh huge-page buffer. The file is read block by block on several threads,
+or a slice of one fresh host buffer. The file is read block by block on several threads,
 each ``preadv`` scattering the block's bytes into those destinations and the gaps between them
 (headers, the pickle) into scratch memory, and each block is hashed from cache right after. So
 every byte is copied once, from the page cache to where it stays, and checked.

@@ -1,4 +1,4 @@
-"""Block checksums, parallel verified reads into huge-page memory, zero-copy unpickling."""
+"""Block checksums, parallel verified reads into fresh memory, zero-copy unpickling."""
 
 from __future__ import annotations
 

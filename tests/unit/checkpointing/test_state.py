@@ -296,7 +296,7 @@ def test_multi_block_files_are_read_in_parallel_and_verified_before_use(
     from hasten.checkpointing import checksum, reader
 
     monkeypatch.setattr(checksum, "BLOCK_BYTES", 4096)  # every file spans several blocks
-    monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # and goes to huge-page host memory
+    monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # and is read into place
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 2)
     save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
