@@ -34,12 +34,14 @@ from hasten.checkpointing.writer import (
     HostBuffers,
     PendingSave,
     SavePlan,
+    Snapshot,
     model_jobs,
     pickle_job,
     prepare_staging,
     run_plan,
     safetensors_job,
 )
+from hasten.core.nested import recursively_apply
 from hasten.ops.collectives import gather_object
 from hasten.state import PartialState
 
@@ -63,11 +65,19 @@ class CheckpointContents:
     scaler: Any | None = None
 
 
-def _shared_jobs(contents: CheckpointContents, copy: Callable[[Any], Any]) -> list[FileJob]:
-    jobs = [
-        pickle_job(layout.optimizer_file(i), copy(o.state_dict()))
-        for i, o in enumerate(contents.optimizers)
-    ]
+def _shared_jobs(
+    contents: CheckpointContents, copy: Callable[[Any], Any], deferred: Snapshot | None
+) -> list[FileJob]:
+    jobs = []
+    for i, optimizer in enumerate(contents.optimizers):
+        name, state = layout.optimizer_file(i), optimizer.state_dict()
+        if deferred is not None and _on_cpu(state) and set(state) == {"state", "param_groups"}:
+            # only the per-parameter state waits for the writer thread: a tensor learning rate
+            # in param_groups may be changed in place by a scheduler before the next step
+            groups = copy(state["param_groups"])
+            jobs.append(deferred.job(name, {**state, "param_groups": groups}, _inner(optimizer)))
+        else:
+            jobs.append(pickle_job(name, copy(state)))
     jobs += [
         pickle_job(layout.scheduler_file(i), copy(s.state_dict()))
         for i, s in enumerate(contents.schedulers)
@@ -88,6 +98,17 @@ def _shared_jobs(contents: CheckpointContents, copy: Callable[[Any], Any]) -> li
 
 def _identity(obj: Any) -> Any:
     return obj
+
+
+def _on_cpu(obj: Any) -> bool:
+    found: list[bool] = []
+    recursively_apply(lambda t: found.append(t.device.type == "cpu"), obj)
+    return all(found)
+
+
+def _inner(optimizer: Any) -> Any:
+    """The torch optimizer whose ``step`` changes the state (under hasten's wrapper)."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -137,6 +158,8 @@ def save_accelerator_state(
     if buffers is not None:
         buffers.begin()
     copy = buffers.copy if buffers is not None else _identity
+    # Optimizer states are copied on the writer thread; their next step waits for that copy.
+    deferred = Snapshot(buffers) if buffers is not None else None
     plan = SavePlan(
         final=Path(output_dir).absolute(),
         rank=state.process_index,
@@ -149,7 +172,7 @@ def save_accelerator_state(
     if is_writer:
         states = [copy(s) for s in contents.model_states]
         plan.jobs = model_jobs(states, safe_serialization)
-        plan.jobs += _shared_jobs(contents, copy)
+        plan.jobs += _shared_jobs(contents, copy, deferred)
     plan.jobs += _gradient_jobs(contents.models, state.process_index, copy)
     rng = {**capture_rng_state(), "step": step}
     plan.jobs.append(pickle_job(layout.rng_file(state.process_index), rng))
@@ -159,7 +182,7 @@ def save_accelerator_state(
     prepare_staging(plan)
     state.wait_for_everyone()  # the staging folder exists before anyone writes into it
     if async_save:
-        return PendingSave(plan)
+        return PendingSave(plan, deferred)
     try:
         final = run_plan(plan)
     except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises

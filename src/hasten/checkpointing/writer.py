@@ -36,6 +36,7 @@ __all__ = [
     "HostBuffers",
     "PendingSave",
     "SavePlan",
+    "Snapshot",
     "host_copy",
     "model_jobs",
     "pickle_job",
@@ -278,20 +279,28 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
     return records
 
 
-def run_plan(plan: SavePlan) -> Path:
-    """Write this process's files; on the writer, wait for the others and publish.
+def run_plan(plan: SavePlan, before: Callable[[], None] | None = None) -> Path:
+    """Run ``before`` (a deferred copy), write this process's files; on the writer, publish.
 
-    On any failure the writer removes the staging folder, so nothing half-written remains.
+    On any failure the writer removes the staging folder, so nothing half-written remains, and
+    a failing process tells the writer instead of leaving it waiting.
     """
     try:
-        return _run_plan(plan)
+        return _run_plan(plan, before)
     except BaseException:
         if plan.is_writer:
             shutil.rmtree(plan.staging, ignore_errors=True)
         raise
 
 
-def _run_plan(plan: SavePlan) -> Path:
+def _run_plan(plan: SavePlan, before: Callable[[], None] | None) -> Path:
+    if before is not None:
+        try:
+            before()
+        except Exception as exc:
+            with contextlib.suppress(OSError):
+                _publish_records(plan, [], error=f"copying its state to host memory: {exc}")
+            raise
     records = _write_all(plan)
     _publish_records(plan, records)
     if not plan.is_writer:
@@ -317,18 +326,63 @@ def prepare_staging(plan: SavePlan) -> None:
     plan.staging.mkdir()
 
 
+class Snapshot:
+    """State copied to host memory on the writer thread instead of before save_state returns.
+
+    An optimizer's state changes only when it steps, and the training loop runs a forward and
+    backward pass before the next step: its copy (two thirds of an AdamW checkpoint) can be
+    taken meanwhile. A step pre-hook on each such optimizer holds its next step until the copy
+    is done, so the checkpoint is still the state at the moment save_state was called.
+    """
+
+    def __init__(self, buffers: HostBuffers) -> None:
+        self._buffers = buffers
+        self._states: dict[str, Any] = {}
+        self._copies: dict[str, Any] = {}
+        self._taken = threading.Event()
+        self._hooks: list[Any] = []
+
+    def job(self, name: str, state: Any, optimizer: Any) -> FileJob:
+        """A file whose object is ``state`` as copied by `take`; holds ``optimizer`` until then."""
+        self._states[name] = state
+        register = getattr(optimizer, "register_step_pre_hook", None)
+        if register is not None:
+            self._hooks.append(register(self._hold))
+        return FileJob(name, lambda handle: torch.save(self._copies[name], handle))
+
+    def _hold(self, *_: Any) -> None:
+        self._taken.wait()
+
+    def take(self) -> None:
+        """Copy every deferred state (on the writer thread), then let the optimizers step."""
+        try:
+            self._copies = {name: self._buffers.copy(s) for name, s in self._states.items()}
+            self._buffers.finish()
+        finally:
+            self._states = {}
+            self._taken.set()
+
+    def release(self) -> None:
+        """Remove the step pre-hooks (from the training thread, once the save is done)."""
+        self._taken.set()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
 class PendingSave:
     """A checkpoint being written on a background thread; `wait` joins it and re-raises."""
 
-    def __init__(self, plan: SavePlan) -> None:
+    def __init__(self, plan: SavePlan, snapshot: Snapshot | None = None) -> None:
         self.plan = plan
+        self._snapshot = snapshot
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="hasten-async-save", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            run_plan(self.plan)
+            run_plan(self.plan, self._snapshot.take if self._snapshot is not None else None)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread in wait()
             self._error = exc
 
@@ -339,6 +393,8 @@ class PendingSave:
     def wait(self) -> Path:
         """Block until the checkpoint is written (and, on the writer, published)."""
         self._thread.join()
+        if self._snapshot is not None:
+            self._snapshot.release()
         if self._error is not None:
             raise RuntimeError(
                 f"The asynchronous save to {self.plan.final} failed: {self._error}"

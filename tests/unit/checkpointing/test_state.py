@@ -379,3 +379,61 @@ def test_an_optimizer_without_a_cheap_state_dict_is_loaded_into_fresh_memory(
     monkeypatch.setattr(fresh_opt, "state_dict", refuse)
     load_accelerator_state(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
     assert _train(fresh, fresh_opt, fresh_sched, 2) == expected
+
+
+def test_async_save_holds_the_next_optimizer_step_until_its_state_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from hasten.checkpointing import writer
+
+    take = writer.Snapshot.take
+
+    def slow_take(self: writer.Snapshot) -> None:
+        time.sleep(0.3)  # the copy is still running when the loop reaches its next step
+        take(self)
+
+    monkeypatch.setattr(writer.Snapshot, "take", slow_take)
+    model, opt, sched, counter = _setup(0)
+    _train(model, opt, sched, 2)
+    saved = {k: v.clone() for k, v in opt.state_dict()["state"][0].items()}
+    pending = save_accelerator_state(
+        tmp_path / "c", _contents(model, opt, sched, counter), async_save=True
+    )
+    start = time.perf_counter()
+    _train(model, opt, sched, 1)  # its step waits for the copy, then changes the state
+    assert time.perf_counter() - start >= 0.25
+    pending.wait()  # type: ignore[union-attr]
+    assert not opt._optimizer_step_pre_hooks  # released with the save
+    fresh, fresh_opt, fresh_sched, fresh_counter = _setup(1)
+    load_accelerator_state(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
+    loaded = fresh_opt.state_dict()["state"][0]
+    assert all(torch.equal(loaded[k], v) for k, v in saved.items())
+    assert not torch.equal(opt.state_dict()["state"][0]["exp_avg"], saved["exp_avg"])
+
+
+def test_a_failed_deferred_copy_releases_the_optimizer_and_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from hasten.checkpointing import writer
+
+    copy = writer.HostBuffers.copy
+
+    def fail_on_the_writer_thread(self: writer.HostBuffers, obj: object) -> object:
+        if threading.current_thread().name == "hasten-async-save":
+            raise MemoryError("no room for the host copy")
+        return copy(self, obj)
+
+    monkeypatch.setattr(writer.HostBuffers, "copy", fail_on_the_writer_thread)
+    model, opt, sched, counter = _setup(0)
+    _train(model, opt, sched, 1)
+    pending = save_accelerator_state(
+        tmp_path / "c", _contents(model, opt, sched, counter), async_save=True
+    )
+    _train(model, opt, sched, 1)  # the step is released, not held forever
+    with pytest.raises(RuntimeError, match="no room for the host copy"):
+        pending.wait()  # type: ignore[union-attr]
+    assert not (tmp_path / "c").exists() and not list(tmp_path.glob(".c*"))
