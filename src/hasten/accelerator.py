@@ -972,8 +972,10 @@ class Accelerator:
         """Save models, optimizers, schedulers, loaders, scaler, RNG states and registered objects.
 
         The folder appears complete or not at all (written aside, then renamed). With
-        ``async_save`` the call returns once the state is copied to host memory; the next save,
-        load or `end_training` waits for the write. Returns the folder.
+        ``async_save`` the call returns once the state is copied to host memory (a CPU
+        optimizer's state is copied on the writer thread, and that optimizer's next step waits
+        for the copy); the next save, load or `end_training` waits for the write. Returns the
+        folder.
         """
         return self._checkpoints.save_state(
             output_dir,
