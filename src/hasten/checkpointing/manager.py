@@ -21,6 +21,7 @@ from hasten.checkpointing import layout
 from hasten.checkpointing.preemption import PreemptionWatcher
 from hasten.checkpointing.state import (
     CheckpointContents,
+    finish_async_save,
     load_accelerator_state,
     save_accelerator_state,
 )
@@ -140,10 +141,10 @@ class CheckpointManager:
             self._watcher = None
 
     def wait(self) -> None:
-        """Finish a pending asynchronous save, raising if it failed."""
+        """Finish a pending asynchronous save on every process, raising if any failed."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.wait()
+            finish_async_save(pending)
 
     def save_state(
         self,

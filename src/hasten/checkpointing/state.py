@@ -45,7 +45,12 @@ from hasten.core.nested import recursively_apply
 from hasten.ops.collectives import gather_object
 from hasten.state import PartialState
 
-__all__ = ["CheckpointContents", "load_accelerator_state", "save_accelerator_state"]
+__all__ = [
+    "CheckpointContents",
+    "finish_async_save",
+    "load_accelerator_state",
+    "save_accelerator_state",
+]
 
 
 @dataclass
@@ -190,6 +195,24 @@ def save_accelerator_state(
         raise
     _agree_on_outcome(state, None)  # published before any process goes on
     return final
+
+
+def finish_async_save(pending: PendingSave) -> Path:
+    """Wait for an asynchronous save on every process together; return the published folder.
+
+    The writer publishes only after every process has written its share, so a process whose
+    own part is done waits here until the folder exists everywhere (and learns if any process
+    failed) before it may load or save again. Every process must call this.
+    """
+    error: BaseException | None = None
+    try:
+        pending.wait()
+    except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
+        error = exc
+    _agree_on_outcome(PartialState(), error)
+    if error is not None:
+        raise error
+    return pending.plan.final
 
 
 def _agree_on_outcome(state: PartialState, error: BaseException | None) -> None:
