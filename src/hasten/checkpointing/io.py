@@ -101,6 +101,7 @@ class EarlyWriteback:
         self._written += memoryview(data).nbytes
         if self._start is not None and self._written - self._synced >= _WRITEBACK_BYTES:
             self._handle.flush()
+            # advisory: if the kernel declines, the final fsync writes these bytes instead
             self._start(
                 self._handle.fileno(), self._synced, self._written - self._synced,
                 _SYNC_FILE_RANGE_WRITE,

@@ -23,10 +23,9 @@ from typing import Any, BinaryIO
 
 import torch
 
-from hasten.checkpointing.checksum import block_digest
 from hasten.checkpointing.io import load, refuse_unsafe
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
-from hasten.checkpointing.scatter import check_blocks, place_tensors, read_views, submit_blocks
+from hasten.checkpointing.scatter import check_blocks, place_tensors, submit_blocks
 from hasten.checkpointing.tensors import tensors_from_safetensors
 
 __all__ = ["CheckpointReader", "PendingRead", "host_buffer", "read_verified", "unpickle_buffer"]
@@ -52,16 +51,6 @@ def host_buffer(nbytes: int) -> Buffer:
     if nbytes < _SMALL_BYTES or not flags:
         return bytearray(nbytes)
     return mmap.mmap(-1, nbytes, flags=flags)
-
-
-def _read_block(
-    fd: int, view: memoryview, path: Path, block_bytes: int, expected: FileRecord | None, index: int
-) -> bool:
-    """Read block ``index`` into ``view``; whether it matches the manifest (True without one)."""
-    offset = index * block_bytes
-    target = view[offset : offset + block_bytes]
-    read_views(fd, [target], offset, path)
-    return expected is None or block_digest(target) == expected.blocks[index]
 
 
 def _expected(
@@ -100,26 +89,21 @@ def read_verified(
     with open(path, "rb", buffering=0) as handle:
         size = os.fstat(handle.fileno()).st_size
         expected = _expected(path, name, size, manifest)
-        block_bytes = manifest["block_bytes"] if manifest is not None else _UNVERIFIED_BLOCK_BYTES
         buffer = host_buffer(size)
         view = memoryview(buffer)
         try:
-            read = functools.partial(
-                _read_block, handle.fileno(), view, path, block_bytes, expected
+            blocks = submit_blocks(
+                handle.fileno(), path, size, [(0, view)], _block_bytes(manifest), expected, pool
             )
-            blocks = range(-(-size // block_bytes))
-            if pool is None or len(blocks) < 2:
-                matches = [read(i) for i in blocks]
-            else:
-                matches = list(pool.map(read, blocks))
+            check_blocks(path, blocks)
         finally:
             view.release()
-    if not all(matches):
-        raise CorruptCheckpointError(
-            f"{path} is corrupted: block {matches.index(False)} does not match the checksum in "
-            "the manifest. Load an earlier checkpoint."
-        )
     return buffer
+
+
+def _block_bytes(manifest: dict[str, Any] | None) -> int:
+    """The block size a file is read (and, with a manifest, verified) in."""
+    return _UNVERIFIED_BLOCK_BYTES if manifest is None else int(manifest["block_bytes"])
 
 
 class _ViewFile(io.RawIOBase):
@@ -343,11 +327,12 @@ class CheckpointReader:
         if placement is None:
             return PendingRead(parse(self.read(name)))
         blocks = submit_blocks(
-            handle.fileno(), path, size, placement.pieces, self._block_bytes(), expected, self._pool
+            handle.fileno(),
+            path,
+            size,
+            placement.pieces,
+            _block_bytes(self.manifest),
+            expected,
+            self._pool,
         )
         return PendingRead(placement.result, lambda: check_blocks(path, blocks))
-
-    def _block_bytes(self) -> int:
-        if self.manifest is None:
-            return _UNVERIFIED_BLOCK_BYTES
-        return int(self.manifest["block_bytes"])

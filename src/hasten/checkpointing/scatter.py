@@ -27,14 +27,7 @@ import torch
 from hasten.checkpointing.checksum import pieces_digest
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 
-__all__ = [
-    "Placement",
-    "check_blocks",
-    "place_tensors",
-    "read_views",
-    "scatter_read",
-    "submit_blocks",
-]
+__all__ = ["Placement", "check_blocks", "place_tensors", "read_views", "submit_blocks"]
 
 _ALIGN = 64
 _IOV_MAX = 1024  # the most buffers one preadv call takes on Linux
@@ -216,12 +209,13 @@ def submit_blocks(
     pieces: list[tuple[int, memoryview]],
     block_bytes: int,
     expected: FileRecord | None,
-    pool: ThreadPoolExecutor,
+    pool: ThreadPoolExecutor | None,
 ) -> list[Future[bool]]:
     """Queue reading the whole file into ``pieces`` (and scratch), one block per task.
 
     Each task returns whether its block matches ``expected`` (True without a manifest); see
-    `check_blocks`. ``fd`` must stay open until every task is done.
+    `check_blocks`. ``fd`` must stay open until every task is done. Without a pool (or with a
+    single block) the blocks are read here, one after another.
     """
     starts = [offset for offset, _ in pieces]
 
@@ -231,7 +225,15 @@ def submit_blocks(
         read_views(fd, views, begin, path)
         return expected is None or pieces_digest(views) == expected.blocks[index]
 
-    return [pool.submit(read_block, index) for index in range(-(-size // block_bytes))]
+    blocks = range(-(-size // block_bytes))
+    if pool is not None and len(blocks) > 1:
+        return [pool.submit(read_block, index) for index in blocks]
+    done = []
+    for index in blocks:
+        future: Future[bool] = Future()
+        future.set_result(read_block(index))
+        done.append(future)
+    return done
 
 
 def check_blocks(path: Path, blocks: list[Future[bool]]) -> None:
@@ -246,20 +248,3 @@ def check_blocks(path: Path, blocks: list[Future[bool]]) -> None:
             f"{path} is corrupted: block {matches.index(False)} does not match the checksum in "
             "the manifest. Load an earlier checkpoint."
         )
-
-
-def scatter_read(
-    fd: int,
-    path: Path,
-    size: int,
-    pieces: list[tuple[int, memoryview]],
-    block_bytes: int,
-    expected: FileRecord | None,
-    pool: ThreadPoolExecutor,
-) -> None:
-    """Read the whole file into ``pieces`` (and scratch), checking each block against ``expected``.
-
-    Raises:
-        CorruptCheckpointError: a block's checksum does not match (naming the file and block).
-    """
-    check_blocks(path, submit_blocks(fd, path, size, pieces, block_bytes, expected, pool))

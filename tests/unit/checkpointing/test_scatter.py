@@ -21,7 +21,7 @@ from hasten.checkpointing.manifest import (
     write_manifest,
 )
 from hasten.checkpointing.reader import CheckpointReader, host_buffer, unpickle_buffer
-from hasten.checkpointing.scatter import _block_views, place_tensors, scatter_read
+from hasten.checkpointing.scatter import _block_views, check_blocks, place_tensors, submit_blocks
 from hasten.checkpointing.tensors import safetensors_bytes
 
 
@@ -75,9 +75,10 @@ def _place_and_read(folder: Path, manifest: dict, like: object) -> object:
         placement = place_tensors(unpickle_buffer(mapping), like, mapping, host_buffer)
         assert placement is not None
         record = manifest["files"]["f.bin"]
-        scatter_read(
+        blocks = submit_blocks(
             handle.fileno(), path, size, placement.pieces, manifest["block_bytes"], record, pool
         )
+        check_blocks(path, blocks)
     return placement.result
 
 
