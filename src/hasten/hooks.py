@@ -1,5 +1,6 @@
-"""Compatibility path for ``accelerate.hooks``. The code lives in `hasten.big_modeling.hooks`."""
+"""Compatibility path for ``accelerate.hooks``. The code lives in `hasten.big_modeling.hooks` and `.casting`."""
 
+from hasten.big_modeling.casting import LayerwiseCastingHook
 from hasten.big_modeling.hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -17,6 +18,7 @@ from hasten.big_modeling.hooks import (
 __all__ = [
     "AlignDevicesHook",
     "CpuOffload",
+    "LayerwiseCastingHook",
     "ModelHook",
     "SequentialHook",
     "UserCpuOffloadHook",

@@ -1,5 +1,6 @@
 """Compatibility path for ``accelerate.utils.constants``; the names live in `hasten.core.constants`."""
 
+from hasten.big_modeling.casting import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 from hasten.core.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -24,6 +25,7 @@ __all__ = [
     "SAMPLER_NAME",
     "SCALER_NAME",
     "SCHEDULER_NAME",
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
 ]
