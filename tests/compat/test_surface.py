@@ -1,0 +1,528 @@
+"""Accelerate 1.15's whole public surface (``shared/accelerate-surface.json``) exists in hasten.
+
+Every entry of a checked group must resolve at the same path (``accelerate.`` -> ``hasten.``)
+with the same parameter names, kinds and defaults (annotations are not compared). The file stays
+in ``shared/``, the source of truth; this test reads it there and skips when it is absent.
+
+Engine helpers turn their group on in `CHECKED_GROUPS` when their engine lands; names owned by
+work still in flight sit in `PENDING` (expected to fail) and are removed as they land: a
+pending name that passes fails the test, so the set only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import importlib
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[2]
+_CANDIDATES = [base / "shared" / "accelerate-surface.json" for base in _ROOT.parents[:2]]
+_CANDIDATES.insert(0, _ROOT / "shared" / "accelerate-surface.json")
+SURFACE = next((path for path in _CANDIDATES if path.is_file()), None)
+
+# Group -> checked here. Engine groups are switched on by the helpers wiring those engines.
+CHECKED_GROUPS = {
+    "general": True,
+    "sagemaker": True,
+    "xla_tpu": True,
+    "deepspeed": False,  # DeepSpeed engine issue
+    "fsdp": False,  # FSDP engine issue
+    "parallelism": False,  # TP/CP engine issue
+    "fp8": False,  # helper `fp8` (issue 10) with the FP8 engine
+    "megatron": False,  # helper `fp8` (issue 10) with Megatron-LM
+}
+
+# Paths (hasten spelling) owned by other work still in flight. Remove a path when it lands.
+PENDING: frozenset[str] = frozenset(
+    {
+        # helper `features` (issue 10): local_sgd, inference/prepare_pippy, utils.tqdm
+        "hasten.inference",
+        "hasten.inference.build_pipeline",
+        "hasten.inference.find_pippy_batch_size",
+        "hasten.inference.generate_device_map",
+        "hasten.inference.pippy_forward",
+        "hasten.inference.prepare_pippy",
+        "hasten.prepare_pippy",
+        "hasten.local_sgd.LocalSGD",
+        "hasten.utils.tqdm.tqdm",
+        # helper `cli` (issue 10): hasten.commands.*, launchers.test_launch, utils.launch
+        "hasten.commands.accelerate_cli.main",
+        "hasten.commands.config.main",
+        "hasten.commands.config.cluster.get_cluster_input",
+        "hasten.commands.config.config.config_command",
+        "hasten.commands.config.config.config_command_parser",
+        "hasten.commands.config.config.get_user_input",
+        "hasten.commands.config.config.main",
+        "hasten.commands.config.config_utils.DYNAMO_BACKENDS",
+        "hasten.commands.config.config_utils.SubcommandHelpFormatter",
+        "hasten.commands.config.default.default_config_command",
+        "hasten.commands.config.update.update_config_command",
+        "hasten.commands.env.main",
+        "hasten.commands.estimate.add_timm_hub_prefix",
+        "hasten.commands.estimate.check_has_model",
+        "hasten.commands.estimate.create_ascii_table",
+        "hasten.commands.estimate.estimate_training_usage",
+        "hasten.commands.estimate.gather_data",
+        "hasten.commands.estimate.main",
+        "hasten.commands.estimate.verify_on_hub",
+        "hasten.commands.launch.CustomHelpFormatter",
+        "hasten.commands.launch.clean_option",
+        "hasten.commands.launch.main",
+        "hasten.commands.launch.multi_gpu_launcher",
+        "hasten.commands.launch.simple_launcher",
+        "hasten.commands.merge.main",
+        "hasten.commands.merge.merge_command",
+        "hasten.commands.merge.merge_command_parser",
+        "hasten.commands.test.main",
+        "hasten.commands.utils.CustomArgumentGroup",
+        "hasten.commands.utils.CustomArgumentParser",
+        "hasten.commands.config.default.default_command_parser",
+        "hasten.commands.config.update.update_command_parser",
+        "hasten.commands.config.update.update_config",
+        "hasten.commands.estimate.create_empty_model",
+        "hasten.commands.launch.launch_command",
+        "hasten.launchers.test_launch",
+        "hasten.utils.PrepareForLaunch",
+        "hasten.utils.prepare_multi_gpu_env",
+        "hasten.utils.prepare_simple_launcher_cmd_env",
+        "hasten.utils.launch.PrepareForLaunch",
+        "hasten.utils.launch.env_var_path_add",
+        "hasten.utils.launch.prepare_multi_gpu_env",
+        "hasten.utils.launch.prepare_simple_launcher_cmd_env",
+        # helper `cli` (issue 10): the sagemaker and xla_tpu groups
+        "hasten.commands.config.config_args.SageMakerConfig",
+        "hasten.commands.config.sagemaker.get_sagemaker_input",
+        "hasten.commands.launch.sagemaker_launcher",
+        "hasten.utils.prepare_sagemager_args_inputs",
+        "hasten.utils.constants.SAGEMAKER_PARALLEL_EC2_INSTANCES",
+        "hasten.utils.constants.SAGEMAKER_PYTHON_VERSION",
+        "hasten.utils.constants.SAGEMAKER_PYTORCH_VERSION",
+        "hasten.utils.constants.SAGEMAKER_TRANSFORMERS_VERSION",
+        "hasten.utils.imports.is_sagemaker_available",
+        "hasten.utils.launch.prepare_sagemager_args_inputs",
+        "hasten.commands.launch.tpu_launcher",
+        "hasten.commands.launch.tpu_pod_launcher",
+        "hasten.commands.tpu.main",
+        "hasten.commands.tpu.tpu_command_launcher",
+        "hasten.commands.tpu.tpu_command_parser",
+        "hasten.utils.prepare_tpu",
+        "hasten.utils.imports.USE_TORCH_XLA",
+        "hasten.utils.launch.prepare_tpu",
+        "hasten.utils.operations.ConvertOutputsToFp32",
+        "hasten.utils.torch_xla.install_xla",
+        # helper `surface` (issue 10), landing in batches now
+        "hasten.checkpointing.load_accelerator_state",
+        "hasten.checkpointing.load_custom_state",
+        "hasten.checkpointing.save_accelerator_state",
+        "hasten.checkpointing.save_custom_state",
+        "hasten.data_loader.DataLoaderAdapter",
+        "hasten.data_loader.SeedableRandomSampler",
+        "hasten.optimizer.patch_optimizer_step",
+        "hasten.state.SharedDict",
+        "hasten.state.ThreadLocalSharedDict",
+        "hasten.state.do_nothing",
+        "hasten.tracking.LOGGER_TYPE_TO_CLASS",
+        "hasten.utils.align_module_device",
+        "hasten.utils.check_cuda_p2p_ib_support",
+        "hasten.utils.check_os_kernel",
+        "hasten.utils.check_tied_parameters_in_config",
+        "hasten.utils.check_tied_parameters_on_same_device",
+        "hasten.utils.clean_state_dict_for_safetensors",
+        "hasten.utils.convert_bytes",
+        "hasten.utils.ensure_weights_retied",
+        "hasten.utils.get_cpu_distributed_information",
+        "hasten.utils.get_current_device_type",
+        "hasten.utils.get_gpu_info",
+        "hasten.utils.get_pretty_name",
+        "hasten.utils.has_4bit_bnb_layers",
+        "hasten.utils.has_compiled_regions",
+        "hasten.utils.has_offloaded_params",
+        "hasten.utils.id_tensor_storage",
+        "hasten.utils.is_bitsandbytes_multi_backend_available",
+        "hasten.utils.is_habana_gaudi1",
+        "hasten.utils.is_hpu_available",
+        "hasten.utils.is_mlu_available",
+        "hasten.utils.is_musa_available",
+        "hasten.utils.is_neuron_available",
+        "hasten.utils.is_peft_model",
+        "hasten.utils.is_port_in_use",
+        "hasten.utils.is_rocm_available",
+        "hasten.utils.is_sdaa_available",
+        "hasten.utils.is_xccl_available",
+        "hasten.utils.merge_dicts",
+        "hasten.utils.recursive_getattr",
+        "hasten.utils.bnb.get_parameter_device",
+        "hasten.utils.bnb.get_quantized_model_device_map",
+        "hasten.utils.bnb.quantize_and_offload_8bit",
+        "hasten.utils.constants.CUDA_DISTRIBUTED_TYPES",
+        "hasten.utils.constants.DTENSOR_PYTORCH_VERSION",
+        "hasten.utils.constants.ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
+        "hasten.utils.constants.MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
+        "hasten.utils.constants.PROFILE_PATTERN_NAME",
+        "hasten.utils.constants.SAFE_WEIGHTS_PATTERN_NAME",
+        "hasten.utils.constants.STR_OPERATION_TO_FUNC",
+        "hasten.utils.constants.TORCH_DISTRIBUTED_OPERATION_TYPES",
+        "hasten.utils.constants.TORCH_DYNAMO_MODES",
+        "hasten.utils.constants.TORCH_LAUNCH_PARAMS",
+        "hasten.utils.constants.WEIGHTS_PATTERN_NAME",
+        "hasten.utils.constants.XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
+        "hasten.utils.dataclasses.AmaxComputeAlgorithm",
+        "hasten.utils.dataclasses.Backend",
+        "hasten.utils.dataclasses.BaseEnum",
+        "hasten.utils.dataclasses.EnumWithContains",
+        "hasten.utils.dataclasses.OptLevel",
+        "hasten.utils.dataclasses.ProfilerActivity",
+        "hasten.utils.dataclasses.TensorInformation",
+        "hasten.utils.dataclasses.get_module_class_from_name",
+        "hasten.utils.environment.CPUInformation",
+        "hasten.utils.environment.are_libraries_initialized",
+        "hasten.utils.environment.check_cuda_p2p_ib_support",
+        "hasten.utils.environment.convert_dict_to_env_variables",
+        "hasten.utils.environment.get_cpu_distributed_information",
+        "hasten.utils.environment.get_current_device_type",
+        "hasten.utils.environment.get_driver_version",
+        "hasten.utils.environment.get_gpu_info",
+        "hasten.utils.environment.get_int_from_env",
+        "hasten.utils.imports.is_4bit_bnb_available",
+        "hasten.utils.imports.is_8bit_bnb_available",
+        "hasten.utils.imports.is_amdsmi_available",
+        "hasten.utils.imports.is_bitsandbytes_multi_backend_available",
+        "hasten.utils.imports.is_bnb_available",
+        "hasten.utils.imports.is_boto3_available",
+        "hasten.utils.imports.is_habana_gaudi1",
+        "hasten.utils.imports.is_hpu_available",
+        "hasten.utils.imports.is_import_timer_available",
+        "hasten.utils.imports.is_lomo_available",
+        "hasten.utils.imports.is_mlu_available",
+        "hasten.utils.imports.is_musa_available",
+        "hasten.utils.imports.is_neuron_available",
+        "hasten.utils.imports.is_numpy_available",
+        "hasten.utils.imports.is_pandas_available",
+        "hasten.utils.imports.is_peft_available",
+        "hasten.utils.imports.is_pippy_available",
+        "hasten.utils.imports.is_pynvml_available",
+        "hasten.utils.imports.is_pytest_available",
+        "hasten.utils.imports.is_rocm_available",
+        "hasten.utils.imports.is_schedulefree_available",
+        "hasten.utils.imports.is_sdaa_available",
+        "hasten.utils.imports.is_timm_available",
+        "hasten.utils.imports.is_torch_distributed_available",
+        "hasten.utils.imports.is_torchdata_available",
+        "hasten.utils.imports.is_torchvision_available",
+        "hasten.utils.imports.is_tqdm_available",
+        "hasten.utils.imports.is_triton_available",
+        "hasten.utils.imports.is_weights_only_available",
+        "hasten.utils.imports.is_xccl_available",
+        "hasten.utils.memory.clear_device_cache",
+        "hasten.utils.modeling.WEIGHTS_INDEX_NAME",
+        "hasten.utils.modeling.align_module_device",
+        "hasten.utils.modeling.check_device_same",
+        "hasten.utils.modeling.check_tied_parameters_in_config",
+        "hasten.utils.modeling.clean_device_map",
+        "hasten.utils.modeling.compute_module_total_buffer_size",
+        "hasten.utils.modeling.fallback_allocate",
+        "hasten.utils.modeling.get_grad_scaler",
+        "hasten.utils.modeling.get_mixed_precision_context_manager",
+        "hasten.utils.modeling.get_module_leaves",
+        "hasten.utils.modeling.get_module_size_with_ties",
+        "hasten.utils.modeling.get_state_dict_from_offload",
+        "hasten.utils.modeling.get_state_dict_offloaded_model",
+        "hasten.utils.modeling.has_offloaded_params",
+        "hasten.utils.modeling.id_tensor_storage",
+        "hasten.utils.modeling.is_peft_model",
+        "hasten.utils.operations.TENSOR_INT_TO_DTYPE",
+        "hasten.utils.operations.TENSOR_TYPE_TO_INT",
+        "hasten.utils.operations.chained_operation",
+        "hasten.utils.operations.gather_tensor_shape",
+        "hasten.utils.operations.get_shape",
+        "hasten.utils.operations.is_torch_xpu_tensor",
+        "hasten.utils.operations.verify_operation",
+        "hasten.utils.other.TORCH_SAFE_GLOBALS",
+        "hasten.utils.other.check_os_kernel",
+        "hasten.utils.other.clean_state_dict_for_safetensors",
+        "hasten.utils.other.compile_regions",
+        "hasten.utils.other.convert_bytes",
+        "hasten.utils.other.get_free_port",
+        "hasten.utils.other.get_module_children_bottom_up",
+        "hasten.utils.other.get_pretty_name",
+        "hasten.utils.other.has_compiled_regions",
+        "hasten.utils.other.has_repeated_blocks",
+        "hasten.utils.other.is_compiled_module",
+        "hasten.utils.other.is_port_in_use",
+        "hasten.utils.other.is_repeated_blocks",
+        "hasten.utils.other.merge_dicts",
+        "hasten.utils.other.recursive_getattr",
+        # helper `fp8` (issue 10): utils.ao, utils.convert_model, filter_first_and_last_linear_layers
+        "hasten.utils.convert_model",
+        "hasten.utils.filter_first_and_last_linear_layers",
+        "hasten.utils.ao.filter_first_and_last_linear_layers",
+        "hasten.utils.ao.filter_linear_layers",
+        "hasten.utils.ao.find_first_last_linear_layers",
+    }
+)
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _entries() -> list[dict[str, Any]]:
+    if SURFACE is None:
+        return []
+    names = json.loads(SURFACE.read_text(encoding="utf-8"))["names"]
+    for entry in names:
+        entry["hasten"] = "hasten" + entry["path"][len("accelerate") :]
+    return [entry for entry in names if CHECKED_GROUPS.get(entry["group"], False)]
+
+
+ENTRIES = _entries()
+
+
+def resolve(path: str) -> Any:
+    """Import the longest module prefix of ``path`` and walk the rest as attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not ".".join(parts[:cut]).startswith(exc.name):
+                raise  # the module exists but imports something missing: a real error
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(path)
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split a parameter list at commas outside brackets, quotes and ``<...>`` reprs."""
+    parts: list[str] = []
+    depth, quote, current = 0, "", ""
+    for index, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{" or (char == "<" and text[index + 1 : index + 2].isalpha()):
+            depth += 1
+        elif char in ")]}" or (char == ">" and depth and text[index - 1 : index] != "-"):
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+            continue
+        current += char
+    if current.strip():
+        parts.append(current.strip())
+    return parts
+
+
+def _parameter_list(signature: str) -> str:
+    """The text between the signature's outer parentheses (dropping ``-> return``)."""
+    depth, quote = 0, ""
+    for index, char in enumerate(signature):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                return signature[1:index]
+    raise ValueError(f"unbalanced signature {signature!r}")
+
+
+def parse_signature(signature: str) -> list[tuple[str, str, str | None]]:
+    """``"(a, /, b: 'int' = 1, *c, d=2, **e)"`` -> ``[(name, kind, default repr or None)]``."""
+    params: list[tuple[str, str, str | None]] = []
+    kind = "POSITIONAL_OR_KEYWORD"
+    for text in split_top_level(_parameter_list(signature)):
+        if text == "/":
+            params = [(n, "POSITIONAL_ONLY", d) for n, _, d in params]
+        elif text == "*":
+            kind = "KEYWORD_ONLY"
+        elif text.startswith("**"):
+            params.append((text[2:].split(":")[0].strip(), "VAR_KEYWORD", None))
+        elif text.startswith("*"):
+            params.append((text[1:].split(":")[0].strip(), "VAR_POSITIONAL", None))
+            kind = "KEYWORD_ONLY"
+        else:
+            head, equals, default = _split_default(text)
+            params.append((head.split(":")[0].strip(), kind, default.strip() if equals else None))
+    return params
+
+
+def _split_default(text: str) -> tuple[str, bool, str]:
+    """Split ``name: annotation = default`` at the first ``=`` outside brackets and quotes."""
+    depth, quote = 0, ""
+    for index, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "=" and depth == 0:
+            return text[:index], True, text[index + 1 :]
+    return text, False, ""
+
+
+def default_matches(documented: str, actual: Any) -> bool:
+    """Compare a default as the reference printed it with hasten's default value."""
+    if documented.startswith("<object object at"):
+        return type(actual) is object  # a "not given" sentinel; any fresh object() is one
+    if documented == "<factory>":
+        return repr(actual) == "<factory>"
+    member = re.fullmatch(r"<(\w+)\.(\w+): (.*)>", documented)
+    if member:
+        return isinstance(actual, enum.Enum) and actual.name == member.group(2)
+    function = re.fullmatch(r"<function (\w+) at 0x[0-9a-f]+>", documented)
+    if function:
+        return getattr(actual, "__name__", None) == function.group(1)
+    if documented.startswith("'/") and documented.endswith("default_config.yaml'"):
+        # The reference prints its own machine's cache path; ours depends on $HF_HOME.
+        return str(actual).endswith("default_config.yaml")
+    try:
+        expected = ast.literal_eval(documented)
+    except (ValueError, SyntaxError):
+        return _ADDRESS.sub("", repr(actual)) == _ADDRESS.sub("", documented)
+    if isinstance(actual, enum.Enum) and not isinstance(expected, enum.Enum):
+        actual = actual.value
+    return bool(actual == expected) and type(actual) is type(expected)
+
+
+def signature_mismatches(documented: str, obj: Any) -> list[str]:
+    """What differs between the documented signature and ``obj``'s (empty when they agree)."""
+    if inspect.isclass(obj) and issubclass(obj, enum.Enum):
+        return []  # enum call signatures come from the Python version, not from the class
+    try:
+        actual = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError) as exc:
+        return [f"no signature: {exc}"]
+    expected = parse_signature(documented)
+    names = [p.name for p in actual]
+    if names != [name for name, _, _ in expected]:
+        return [f"parameters {names} != documented {[name for name, _, _ in expected]}"]
+    problems = []
+    for (name, kind, default), param in zip(expected, actual, strict=True):
+        if param.kind.name != kind:
+            problems.append(f"{name}: kind {param.kind.name}, documented {kind}")
+        if default is None and param.default is not inspect.Parameter.empty and "VAR" not in kind:
+            problems.append(f"{name}: has default {param.default!r}, documented required")
+        elif default is not None and param.default is inspect.Parameter.empty:
+            problems.append(f"{name}: required, documented default {default}")
+        elif default is not None and not default_matches(default, param.default):
+            problems.append(f"{name}: default {param.default!r}, documented {default}")
+    return problems
+
+
+def check(entry: dict[str, Any]) -> list[str]:
+    """Problems with one surface entry in hasten (empty when it resolves and matches)."""
+    try:
+        obj = resolve(entry["hasten"])
+    except (ImportError, AttributeError) as exc:
+        return [f"does not resolve: {type(exc).__name__}: {exc}"]
+    if entry["kind"] == "module":
+        return [] if inspect.ismodule(obj) else [f"is {type(obj).__name__}, not a module"]
+    if entry["signature"] is None:
+        return []
+    return signature_mismatches(entry["signature"], obj)
+
+
+@pytest.mark.skipif(
+    SURFACE is None, reason="shared/accelerate-surface.json is not in this checkout"
+)
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["hasten"] for e in ENTRIES])
+def test_accelerate_name_exists_with_its_signature(entry: dict[str, Any]) -> None:
+    problems = check(entry)
+    if entry["hasten"] in PENDING:
+        assert problems, f"{entry['hasten']} now resolves and matches: remove it from PENDING"
+        pytest.xfail(f"pending (owned by other work): {problems[0]}")
+    assert not problems, f"{entry['hasten']} ({entry['group']}):\n" + "\n".join(problems)
+
+
+@pytest.mark.skipif(
+    SURFACE is None, reason="shared/accelerate-surface.json is not in this checkout"
+)
+def test_pending_names_are_real_surface_names() -> None:
+    every = {
+        "hasten" + e["path"][len("accelerate") :]
+        for e in json.loads(SURFACE.read_text(encoding="utf-8"))["names"]  # type: ignore[union-attr]
+    }
+    assert sorted(PENDING - every) == []
+
+
+def test_surface_file_absent_is_reported() -> None:
+    if SURFACE is None:
+        pytest.skip(
+            "shared/accelerate-surface.json not found next to the checkout (looked in "
+            + ", ".join(str(path) for path in _CANDIDATES)
+            + "): the surface table test is skipped"
+        )
+    assert ENTRIES, "the surface file has no entry in a checked group"
+
+
+@pytest.mark.parametrize(
+    ("signature", "expected"),
+    [
+        ("()", []),
+        (
+            "(a, /, b: 'int' = 1, *c, d=<object object at 0x7f>, **e) -> None",
+            [
+                ("a", "POSITIONAL_ONLY", None),
+                ("b", "POSITIONAL_OR_KEYWORD", "1"),
+                ("c", "VAR_POSITIONAL", None),
+                ("d", "KEYWORD_ONLY", "<object object at 0x7f>"),
+                ("e", "VAR_KEYWORD", None),
+            ],
+        ),
+        (
+            "(x: 'dict[str, int] | None' = None, *, y: Literal['a', 'b'] = 'a, b')",
+            [("x", "POSITIONAL_OR_KEYWORD", "None"), ("y", "KEYWORD_ONLY", "'a, b'")],
+        ),
+        (
+            "(hook=<DDPCommunicationHookType.NO: 'no'>, f=<function g at 0x1>)",
+            [
+                ("hook", "POSITIONAL_OR_KEYWORD", "<DDPCommunicationHookType.NO: 'no'>"),
+                ("f", "POSITIONAL_OR_KEYWORD", "<function g at 0x1>"),
+            ],
+        ),
+    ],
+)
+def test_parse_signature(signature: str, expected: list[tuple[str, str, str | None]]) -> None:
+    assert parse_signature(signature) == expected
+
+
+def test_default_rules() -> None:
+    assert default_matches("<object object at 0x7f00>", object())
+    assert not default_matches("<object object at 0x7f00>", None)
+    assert default_matches("1", 1)
+    assert not default_matches("1", 1.0)
+    assert not default_matches("1", True)
+    assert default_matches("<function print at 0x1>", print)
+    assert default_matches("<built-in function callable>", callable)
+    assert not default_matches("'fp16'", "bf16")
+
+
+def test_signature_mismatches_name_each_difference() -> None:
+    def f(a: int, b: int = 2, *, c: int = 3) -> None:
+        del a, b, c
+
+    assert signature_mismatches("(a, b=2, *, c=3)", f) == []
+    assert signature_mismatches("(a, b=3, *, c=3)", f) == ["b: default 2, documented 3"]
+    assert signature_mismatches("(a, b, c=3)", f) == [
+        "b: has default 2, documented required",
+        "c: kind KEYWORD_ONLY, documented POSITIONAL_OR_KEYWORD",
+    ]
+    assert signature_mismatches("(a, d)", f) == [
+        "parameters ['a', 'b', 'c'] != documented ['a', 'd']"
+    ]
