@@ -28,6 +28,7 @@ from hasten.checkpointing import (
     save_model_weights,
 )
 from hasten.checkpointing import io as checkpoint_io
+from hasten.checkpointing.model import saves_model_in_mesh
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
 from hasten.config.enums import PrecisionType
@@ -57,6 +58,7 @@ from hasten.tracking.manager import TrackerManager
 from hasten.training import metrics, profiling
 from hasten.training.accumulation import GradientAccumulator
 from hasten.training.compile import compile_model
+from hasten.training.lomo import lomo_backward
 from hasten.training.prepare import (
     PreparedRegistry,
     all_parameters,
@@ -369,6 +371,16 @@ class Accelerator:
     def is_local_main_process(self) -> bool:
         """True on the first process of each machine."""
         return bool(self.state.is_local_main_process)
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes the model: the local main one without a parallelism
+        config, else rank 0 of the replicated (dp_replicate) and context-parallel (cp) mesh dims.
+        """
+        config = self.parallelism_config
+        if config is None:
+            return self.is_local_main_process
+        return saves_model_in_mesh(config, self.process_index)
 
     @property
     def is_last_process(self) -> bool:
@@ -696,6 +708,15 @@ class Accelerator:
                 "before training."
             )
         self._backward(loss, **kwargs)
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward and update in one pass with the prepared LOMO/AdaLomo optimizer (lomo-optim).
+
+        Raises:
+            ImportError: lomo-optim is missing.
+            ValueError: no learning rate, or no (or several) LOMO optimizers were prepared.
+        """
+        lomo_backward(self._optimizers, loss, learning_rate)
 
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Context for one micro-batch of gradient accumulation over ``models``.

@@ -16,6 +16,7 @@ import torch
 
 from hasten.checkpointing.io import atomic_write
 from hasten.checkpointing.tensors import dedupe_shared_tensors, write_safetensors
+from hasten.config.parallelism import ParallelismConfig
 from hasten.core.constants import (
     SAFE_WEIGHTS_INDEX_NAME,
     SAFE_WEIGHTS_NAME,
@@ -24,7 +25,20 @@ from hasten.core.constants import (
 )
 from hasten.core.units import convert_file_size_to_int
 
-__all__ = ["plan_shards", "save_model_weights"]
+__all__ = ["plan_shards", "save_model_weights", "saves_model_in_mesh"]
+
+
+def saves_model_in_mesh(config: ParallelismConfig, rank: int) -> bool:
+    """Whether global ``rank`` is at coordinate 0 of the replicated and context-parallel dims of
+    ``config``'s (row-major) device mesh: those dims hold copies, the sharded ones do not.
+    """
+    dims, sizes = config._get_mesh()
+    stride = 1
+    for dim, size in zip(reversed(dims), reversed(sizes)):
+        if dim in ("dp_replicate", "cp") and (rank // stride) % size != 0:
+            return False
+        stride *= size
+    return True
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
