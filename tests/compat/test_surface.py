@@ -42,7 +42,7 @@ CHECKED_GROUPS = {
 # Paths (hasten spelling) owned by other work still in flight. Remove a path when it lands.
 PENDING: frozenset[str] = frozenset(
     {
-        # helper `features` (issue 10): local_sgd, inference/prepare_pippy, utils.tqdm
+        # helper `features` (issue 10): inference/prepare_pippy
         "hasten.inference",
         "hasten.inference.build_pipeline",
         "hasten.inference.find_pippy_batch_size",
@@ -50,8 +50,6 @@ PENDING: frozenset[str] = frozenset(
         "hasten.inference.pippy_forward",
         "hasten.inference.prepare_pippy",
         "hasten.prepare_pippy",
-        "hasten.local_sgd.LocalSGD",
-        "hasten.utils.tqdm.tqdm",
         # helper `cli` (issue 10): hasten.commands.*, launchers.test_launch, utils.launch
         "hasten.commands.accelerate_cli.main",
         "hasten.commands.config.main",
@@ -283,10 +281,15 @@ def _entries() -> list[dict[str, Any]]:
 ENTRIES = _entries()
 
 
-def resolve(path: str) -> Any:
-    """Import the longest module prefix of ``path`` and walk the rest as attributes."""
+def resolve(path: str, kind: str = "module") -> Any:
+    """Import the longest module prefix of ``path`` and walk the rest as attributes.
+
+    A non-module entry is an attribute of its parent even where a submodule has the same name
+    (``accelerate.utils.tqdm`` is the function, ``accelerate.utils.tqdm.tqdm`` too).
+    """
     parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
+    longest = len(parts) if kind == "module" else len(parts) - 1
+    for cut in range(longest, 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ModuleNotFoundError as exc:
@@ -428,7 +431,7 @@ def signature_mismatches(documented: str, obj: Any) -> list[str]:
 def check(entry: dict[str, Any]) -> list[str]:
     """Problems with one surface entry in hasten (empty when it resolves and matches)."""
     try:
-        obj = resolve(entry["hasten"])
+        obj = resolve(entry["hasten"], entry["kind"])
     except (ImportError, AttributeError) as exc:
         return [f"does not resolve: {type(exc).__name__}: {exc}"]
     if entry["kind"] == "module":

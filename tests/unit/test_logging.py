@@ -119,3 +119,19 @@ def test_tqdm_missing_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(imports, "is_package_available", lambda name, min_version=None: False)
     with pytest.raises(ImportError, match="pip install 'tqdm'"):
         tqdm(range(3))
+
+
+def test_utils_tqdm_is_the_function_at_both_paths_in_any_import_order() -> None:
+    # accelerate.utils.tqdm is a submodule *and* the function; importing the submodule
+    # must not rebind hasten.utils.tqdm to the module.
+    import importlib
+
+    import hasten.utils
+    import hasten.utils.tqdm  # noqa: F401  (binds the submodule, as the import system does)
+    from hasten.utils import tqdm as from_package
+    from hasten.utils.tqdm import tqdm as from_module
+
+    assert from_package is from_module is tqdm
+    assert hasten.utils.tqdm is tqdm
+    assert importlib.import_module("hasten.utils.tqdm").tqdm is tqdm
+    assert "tqdm" in importlib.import_module("hasten.utils.tqdm").__all__

@@ -17,8 +17,8 @@ from torch import nn
 from hasten.big_modeling.hooks import ModelHook, add_hook_to_module
 
 __all__ = [
-    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "LayerwiseCastingHook",
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "attach_layerwise_casting_hooks",
 ]
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -23,6 +25,25 @@ class CapabilityNotBuiltError(ImportError):
     An `ImportError`, so that ``from hasten.utils import name`` shows this message rather than
     Python's generic "cannot import name".
     """
+
+
+class _TableModule(types.ModuleType):
+    """A lazy module whose table names stay bound when a same-named submodule is imported.
+
+    ``accelerate.utils.tqdm`` is both a submodule and (as ``accelerate.utils.tqdm``) the
+    function; importing the submodule must not turn ``hasten.utils.tqdm`` into the module.
+    """
+
+    _table_names: frozenset[str] = frozenset()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (
+            name in self._table_names
+            and isinstance(value, types.ModuleType)
+            and value.__name__ == f"{self.__name__}.{name}"
+        ):
+            return  # the import system binding the submodule: the table's value wins
+        super().__setattr__(name, value)
 
 
 def invert_table(table: Mapping[str, Iterable[str]]) -> dict[str, str]:
@@ -56,6 +77,10 @@ def lazy_namespace(
     """
     where = invert_table(table)
     waiting = {name: capability for capability, names in (pending or {}).items() for name in names}
+    module = sys.modules.get(module_name)
+    if module is not None and type(module) is types.ModuleType:
+        attrs = {"_table_names": frozenset(where), "__module__": __name__}
+        module.__class__ = type("_TableModule", (_TableModule,), attrs)
     submodules: list[frozenset[str]] = []  # filled on the first miss: one directory listing
 
     def _submodule_names() -> frozenset[str]:
