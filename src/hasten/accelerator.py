@@ -807,7 +807,6 @@ class Accelerator:
             input_data,
             use_gather_object,
             gradient_state=self.gradient_state,
-            num_processes=self.num_processes,
         )
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:

@@ -23,21 +23,30 @@ def test_is_all_tensors() -> None:
 
 def test_truncates_only_at_end_with_remainder() -> None:
     data = {"x": torch.arange(8), "y": torch.arange(8) * 2}
-    out = gather_for_metrics(data, gradient_state=FakeState(True, 5), num_processes=2)
+    out = gather_for_metrics(data, gradient_state=FakeState(True, 5))
     assert out["x"].tolist() == [0, 1, 2, 3, 4]
     assert out["y"].tolist() == [0, 2, 4, 6, 8]
-    middle = gather_for_metrics(data, gradient_state=FakeState(False, 5), num_processes=2)
+    middle = gather_for_metrics(data, gradient_state=FakeState(False, 5))
     assert middle["x"].shape == (8,)
-    unknown = gather_for_metrics(data, gradient_state=FakeState(True, -1), num_processes=2)
+    unknown = gather_for_metrics(data, gradient_state=FakeState(True, -1))
     assert unknown["x"].shape == (8,)
-    single = gather_for_metrics(data, gradient_state=FakeState(True, 5), num_processes=1)
-    assert single["x"].shape == (8,)
+    full = gather_for_metrics(data, gradient_state=FakeState(True, 0))
+    assert full["x"].shape == (8,)
+
+
+def test_uncuttable_leaves_return_everything_as_gathered() -> None:
+    # Accelerate: a 0-d leaf (or an object without slicing) makes the cut fail -> data unchanged.
+    data = {"loss": torch.tensor(2.0), "x": torch.arange(4)}
+    out = gather_for_metrics(data, gradient_state=FakeState(True, 1))
+    assert out["loss"].shape == () and out["x"].shape == (4,)
+    obj = gather_for_metrics({"k": 1}, gradient_state=FakeState(True, 1))
+    assert obj == {"k": 1}
 
 
 def test_objects_are_gathered_and_truncated_as_a_list() -> None:
-    out = gather_for_metrics(["a", "b", "c"], gradient_state=FakeState(True, 2), num_processes=2)
+    out = gather_for_metrics(["a", "b", "c"], gradient_state=FakeState(True, 2))
     assert out == ["a", "b"]
     forced = gather_for_metrics(
-        [torch.ones(1)], use_gather_object=True, gradient_state=FakeState(False, 0), num_processes=1
+        [torch.ones(1)], use_gather_object=True, gradient_state=FakeState(False, 0)
     )
     assert isinstance(forced, list)
