@@ -26,7 +26,7 @@ def _describe_state() -> dict[str, Any]:
 
     state = PartialState()
     return {
-        "type": str(state.distributed_type),
+        "type": state.distributed_type.value,
         "backend": state.backend,
         "group_backend": dist.get_backend(),
         "num": state.num_processes,
@@ -64,7 +64,7 @@ def _mpi_style_launch() -> tuple[str, int, int, str | None]:
     state = PartialState(timeout=datetime.timedelta(seconds=20))
     state.wait_for_everyone()
     return (
-        str(state.distributed_type),
+        state.distributed_type.value,
         state.num_processes,
         state.process_index,
         envvars.read("RANK"),
@@ -203,7 +203,7 @@ def _accelerator_state() -> tuple[str, bool, str]:
 
     state = AcceleratorState(mixed_precision="bf16", _from_accelerator=True)
     state.wait_for_everyone()
-    return str(state.distributed_type), state.is_main_process, state.mixed_precision
+    return state.distributed_type.value, state.is_main_process, state.mixed_precision
 
 
 def test_accelerator_state_across_processes() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hasten.config.enums import CustomDtype
+from hasten.config.enums import CustomDtype, enum_value
 from hasten.core.units import convert_file_size_to_int
 
 __all__ = [
@@ -53,7 +53,7 @@ def dtype_byte_size(dtype: torch.dtype | CustomDtype) -> int | float:
     elif isinstance(dtype, torch.dtype):
         size = dtype.itemsize
     else:
-        match = _BIT_SUFFIX.search(str(dtype))
+        match = _BIT_SUFFIX.search(enum_value(dtype))
         if match is None:
             raise ValueError(f"dtype {dtype!r} is not a valid dtype: pass a torch.dtype")
         size = int(match.group(1)) // 8
@@ -69,7 +69,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """
     if isinstance(dtype, torch.dtype):
         return dtype
-    name = str(dtype).replace("torch.", "")
+    name = enum_value(dtype).replace("torch.", "")
     found = getattr(torch, name, None)
     if not isinstance(found, torch.dtype):
         raise ValueError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hasten.config.enums import DynamoBackend
+from hasten.config.enums import DynamoBackend, enum_value
 from hasten.config.envvars import env, fill_from_env
 from hasten.config.kwargs import KwargsHandler
 from hasten.core.constants import TORCH_DYNAMO_MODES
@@ -56,7 +56,7 @@ class TorchDynamoPlugin(KwargsHandler):
                 f"TorchDynamoPlugin(backend={backend!r}) is not a known dynamo backend; use one "
                 f"of {DynamoBackend.list()} (any case)"
             )
-        self.backend = DynamoBackend(str(backend).upper())
+        self.backend = DynamoBackend(enum_value(backend).upper())
         if self.mode not in TORCH_DYNAMO_MODES:
             raise ValueError(
                 f"TorchDynamoPlugin(mode={self.mode!r}) is not a torch.compile mode; use one of "

@@ -1,8 +1,11 @@
 """The named choices a user can make (distributed type, precision, trackers, ...), as str enums.
 
 Every enum here is a `str` subclass, so members compare equal to their values
-(`PrecisionType.FP16 == "fp16"`), serialise to JSON/YAML as plain strings, and
-`"fp16" in PrecisionType` works on every Python version. `str(member)` is the value.
+(`PrecisionType.FP16 == "fp16"`, both ways), hash like them (dict lookups by string work), and
+`"fp16" in PrecisionType` works on every Python version. They print like Accelerate's:
+`str()` and `format()` give ``"DistributedType.MULTI_CPU"``, `repr()` gives
+``<DistributedType.MULTI_CPU: 'MULTI_CPU'>``. Code that needs the bare value (environment
+variables, config files, messages) uses `.value` or `enum_value()`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ __all__ = [
     "ProfilerActivity",
     "RNGType",
     "SageMakerDistributedType",
+    "enum_value",
 ]
 
 
@@ -38,14 +42,28 @@ class _ValueContainsMeta(enum.EnumMeta):
         return True
 
 
-class _StrEnum(str, enum.Enum, metaclass=_ValueContainsMeta):
-    """Base of every hasten enum: a str whose `str()` is its value, with `list()` of all values."""
+def enum_value(value: Any) -> str:
+    """Return the bare string of ``value``: a member's ``.value``, anything else's `str()`.
 
+    Use it wherever a setting becomes text (env vars, config files, comparisons by spelling):
+    `str()` of a member is ``"Class.MEMBER"``, as in Accelerate.
+    """
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return str(value)
+
+
+class _StrEnum(str, enum.Enum, metaclass=_ValueContainsMeta):
+    """Base of every hasten enum: a str equal to its value, printed like Accelerate's enums."""
+
+    # Spelled out (not left to EnumType) so every Python version prints the same.
     def __str__(self) -> str:
-        return str(self.value)
+        return f"{type(self).__name__}.{self.name}"
 
     def __format__(self, format_spec: str) -> str:
-        return format(str(self.value), format_spec)
+        return format(str(self), format_spec)
+
+    __hash__ = str.__hash__
 
     @classmethod
     def list(cls) -> list[str]:

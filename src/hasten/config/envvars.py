@@ -406,7 +406,7 @@ def _format(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple, set, frozenset)):
-        return ",".join(str(item) for item in value)
+        return ",".join(_format(item) for item in value)
     return str(value)
 
 

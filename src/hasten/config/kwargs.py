@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hasten.config import envvars
-from hasten.config.enums import DDPCommunicationHookType, ProfilerActivity
+from hasten.config.enums import DDPCommunicationHookType, ProfilerActivity, enum_value
 from hasten.core.constants import PROFILE_PATTERN_NAME
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
         if wrapper not in _WRAPPERS:
             raise ValueError(
                 f"DistributedDataParallelKwargs(comm_wrapper={self.comm_wrapper!r}) is not a "
-                f"wrapper; use one of {[str(w) for w in _WRAPPERS]}"
+                f"wrapper; use one of {[w.value for w in _WRAPPERS]}"
             )
         self.comm_wrapper = wrapper  # type: ignore[assignment]
         if (
@@ -158,13 +158,13 @@ class DistributedDataParallelKwargs(KwargsHandler):
             and self.comm_hook is DDPCommunicationHookType.NO
         ):
             raise ValueError(
-                f"DistributedDataParallelKwargs(comm_wrapper={str(wrapper)!r}) wraps a hook, but "
+                f"DistributedDataParallelKwargs(comm_wrapper={wrapper.value!r}) wraps a hook, but "
                 "comm_hook is 'no'; also set comm_hook (e.g. 'power_sgd') or drop comm_wrapper"
             )
         if self.comm_state_option and self.comm_hook not in _POWER_SGD:
             raise ValueError(
                 f"DistributedDataParallelKwargs(comm_state_option={self.comm_state_option!r}) is "
-                f"only used by the power_sgd hooks, but comm_hook={str(self.comm_hook)!r}; set "
+                f"only used by the power_sgd hooks, but comm_hook={self.comm_hook.value!r}; set "
                 "comm_hook='power_sgd' or 'batched_power_sgd', or drop comm_state_option"
             )
         if self.comm_hook in _POWER_SGD:
@@ -213,7 +213,8 @@ def _require_bf16_hook_support(
     )
     if not (nccl or xccl):
         raise RuntimeError(
-            f"DistributedDataParallelKwargs(comm_hook={str(hook)!r}, comm_wrapper={str(wrapper)!r})"
+            f"DistributedDataParallelKwargs(comm_hook={enum_value(hook)!r}, "
+            f"comm_wrapper={enum_value(wrapper)!r})"
             " needs bf16 all-reduce, which torch only supports with CUDA and NCCL >= 2.10 or XPU "
             "with XCCL; this torch build has neither. Use comm_hook='fp16' (or "
             "comm_wrapper='fp16') instead"
@@ -494,13 +495,13 @@ class TERecipeKwargs(KwargsHandler):
 
     def __post_init__(self) -> None:
         envvars.fill_from_env(self)
-        self.fp8_format = str(self.fp8_format).upper()
+        self.fp8_format = enum_value(self.fp8_format).upper()
         if self.fp8_format not in _FP8_FORMATS:
             raise ValueError(
                 f"{type(self).__name__}(fp8_format={self.fp8_format!r}) must be one of "
                 f"{list(_FP8_FORMATS)}"
             )
-        self.amax_compute_algo = str(self.amax_compute_algo).lower()
+        self.amax_compute_algo = enum_value(self.amax_compute_algo).lower()
         if self.amax_compute_algo not in _AMAX_ALGOS:
             raise ValueError(
                 f"{type(self).__name__}(amax_compute_algo={self.amax_compute_algo!r}) must be one "
@@ -534,7 +535,7 @@ class MSAMPRecipeKwargs(KwargsHandler):
 
     def __post_init__(self) -> None:
         envvars.fill_from_env(self)
-        self.opt_level = str(self.opt_level).upper()
+        self.opt_level = enum_value(self.opt_level).upper()
         if self.opt_level not in _OPT_LEVELS:
             raise ValueError(
                 f"{type(self).__name__}(opt_level={self.opt_level!r}) must be one of "
@@ -562,7 +563,7 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
         if self.backend is None:
             fallback = "MSAMP" if is_msamp_available() else "TE"
             self.backend = envvars.setting("ACCELERATE_FP8_BACKEND") or fallback
-        self.backend = str(self.backend).upper()
+        self.backend = enum_value(self.backend).upper()
         if self.backend not in _FP8_BACKENDS:
             raise ValueError(
                 f"FP8RecipeKwargs(backend={self.backend!r}) must be 'MSAMP' or 'TE'; for torchao "

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hasten.config import envvars
+from hasten.config.enums import enum_value
 from hasten.launchers.plan import LaunchPlan
 
 __all__ = ["apply_worker_env", "plugin_env", "worker_env"]
@@ -42,8 +43,8 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list | tuple):
-        return ",".join(str(item) for item in value)
-    return str(value)
+        return ",".join(enum_value(item) for item in value)
+    return enum_value(value)
 
 
 def plugin_env(config: Mapping[str, Any]) -> dict[str, str]:
@@ -55,7 +56,7 @@ def plugin_env(config: Mapping[str, Any]) -> dict[str, str]:
     (the plugin reads them from its own config).
     """
     values: dict[str, str] = {}
-    flag = _ENGINE_FLAGS.get(str(config.get("distributed_type", "")).upper())
+    flag = _ENGINE_FLAGS.get(enum_value(config.get("distributed_type", "")).upper())
     if flag is not None:
         values[flag] = "true"
     for section, (strip, prefix) in _SECTIONS.items():

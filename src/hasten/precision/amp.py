@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from hasten.config.enums import enum_value
 from hasten.core.nested import convert_to_fp32
 from hasten.core.versions import is_torch_version
 from hasten.platforms import current_platform
@@ -167,7 +168,7 @@ def make_grad_scaler(
         ValueError: MPS with torch older than 2.8, which has no MPS grad scaler.
     """
     # `distributed_type` is a label from the caller (Accelerate's signature): compare by value.
-    if distributed_type is not None and str(distributed_type) == "FSDP":
+    if distributed_type is not None and distributed_type == "FSDP":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler(device_type, **kwargs)
@@ -202,7 +203,7 @@ def get_mixed_precision_context_manager(
         return nullcontext()
     state = AcceleratorState()
     kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
-    dtype = _DTYPES.get(str(state.mixed_precision))
+    dtype = _DTYPES.get(enum_value(state.mixed_precision))
     if dtype is None:
         return torch.autocast(device_type=state.device.type, **kwargs)
     return torch.autocast(device_type=state.device.type, dtype=dtype, **kwargs)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from hasten.config import envvars
-from hasten.config.enums import DistributedType, DynamoBackend, PrecisionType
+from hasten.config.enums import DistributedType, DynamoBackend, PrecisionType, enum_value
 from hasten.core.imports import is_package_available
 from hasten.state._shared import SharedState
 from hasten.state.detect import engine_of, resolve_distributed_type
@@ -62,7 +62,7 @@ def _validate_mixed_precision(mixed_precision: str | None) -> str:
         if mixed_precision is None
         else mixed_precision
     )
-    value = str(value).lower()
+    value = enum_value(value).lower()
     if value not in PrecisionType.list():
         raise ValueError(
             f"mixed_precision={value!r} is not supported; choose one of {PrecisionType.list()} "

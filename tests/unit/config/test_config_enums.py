@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from hasten.config.enums import (
     PrecisionType,
     RNGType,
     SageMakerDistributedType,
+    enum_value,
 )
 
 EXPECTED = {
@@ -81,11 +83,54 @@ def test_dynamo_backends() -> None:
 
 def test_members_are_strings_equal_to_their_values() -> None:
     assert PrecisionType.FP16 == "fp16"
+    assert "fp16" == PrecisionType.FP16  # noqa: SIM300 - the reflected comparison is tested
+    assert PrecisionType.FP16 != "bf16"
     assert isinstance(DistributedType.MULTI_GPU, str)
-    assert str(LoggerType.COMETML) == "comet_ml"
-    assert f"{DistributedType.MULTI_CPU}" == "MULTI_CPU"
-    assert f"{PrecisionType.BF16:>6}" == "  bf16"
     assert json.dumps({"mp": PrecisionType.BF16}) == '{"mp": "bf16"}'
+    assert PrecisionType.BF16.lower() == "bf16"
+    assert "-".join([LoggerType.COMETML]) == "comet_ml"
+
+
+ALL_ENUMS = [
+    getattr(enums, name) for name in enums.__all__ if isinstance(getattr(enums, name), type)
+]
+
+
+def test_every_enum_is_covered() -> None:
+    assert len(ALL_ENUMS) == 11
+
+
+@pytest.mark.parametrize("enum_cls", ALL_ENUMS, ids=lambda c: c.__name__)
+def test_members_print_like_accelerate(enum_cls: Any) -> None:
+    # Accelerate's enums are (str, Enum): str/format name the member, repr shows the value.
+    for member in enum_cls:
+        expected = f"{enum_cls.__name__}.{member.name}"
+        assert str(member) == expected
+        assert f"{member}" == expected
+        assert format(member, ">60") == expected.rjust(60)
+        assert "{}".format(member) == expected  # noqa: UP032 - str.format is tested
+        assert "%s" % member == expected  # noqa: UP031 - the %-format path is what is tested
+        assert repr(member) == f"<{enum_cls.__name__}.{member.name}: {member.value!r}>"
+        assert enum_value(member) == member.value
+
+
+@pytest.mark.parametrize("enum_cls", ALL_ENUMS, ids=lambda c: c.__name__)
+def test_members_hash_and_compare_like_their_values(enum_cls: Any) -> None:
+    for member in enum_cls:
+        value = member.value
+        assert member == value and value == member
+        assert hash(member) == hash(value)
+        assert {value: 1}[member] == 1
+        assert {member: 2}[value] == 2
+        assert value in {member}
+        assert enum_cls(value) is member
+
+
+def test_accelerate_spellings() -> None:
+    assert str(DistributedType.MULTI_CPU) == "DistributedType.MULTI_CPU"
+    assert repr(DistributedType.MULTI_CPU) == "<DistributedType.MULTI_CPU: 'MULTI_CPU'>"
+    assert str(PrecisionType.BF16) == "PrecisionType.BF16"
+    assert enum_value("plain") == "plain" and enum_value(3) == "3"
 
 
 def test_value_membership() -> None:

@@ -267,7 +267,9 @@ def test_set_device_is_idempotent_and_repr() -> None:
     device = state.device
     state.set_device()
     assert state.device is device
-    assert "Distributed environment: NO" in repr(state) and "Device: cpu" in repr(state)
+    assert "Distributed environment: DistributedType.NO" in repr(state) and "Device: cpu" in repr(
+        state
+    )
 
 
 def test_is_initialized_reflects_accelerator_state() -> None:

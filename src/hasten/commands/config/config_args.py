@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from hasten.config import envvars
-from hasten.config.enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType
+from hasten.config.enums import (
+    ComputeEnvironment,
+    DistributedType,
+    DynamoBackend,
+    PrecisionType,
+    enum_value,
+)
 
 __all__ = [
     "BaseConfig",
@@ -115,7 +121,7 @@ class BaseConfig:
                 "The config file has no 'distributed_type' key. Add one, e.g. "
                 f"'distributed_type: NO'; allowed values: {DistributedType.list()}."
             )
-        if "num_processes" not in config and str(config["distributed_type"]).upper() == "NO":
+        if "num_processes" not in config and enum_value(config["distributed_type"]).upper() == "NO":
             config["num_processes"] = 1
         legacy_fp16 = config.pop("fp16", None)
         if "mixed_precision" not in config:
@@ -123,7 +129,7 @@ class BaseConfig:
         if "dynamo_backend" in config:
             backend = config.pop("dynamo_backend")
             config["dynamo_config"] = (
-                {} if str(backend).upper() == "NO" else {"dynamo_backend": backend}
+                {} if enum_value(backend).upper() == "NO" else {"dynamo_backend": backend}
             )
         for key in ("use_cpu", "debug", "enable_cpu_affinity"):
             config.setdefault(key, False)
@@ -193,14 +199,14 @@ class BaseConfig:
         )
         if self.compute_environment != ComputeEnvironment.LOCAL_MACHINE:
             raise ValueError(
-                f"compute_environment={str(self.compute_environment)!r} is not supported: hasten "
+                f"compute_environment={enum_value(self.compute_environment)!r} is not supported: hasten "
                 "launches on local machines and clusters only. Set "
                 "'compute_environment: LOCAL_MACHINE'."
             )
         self.distributed_type = _choice("distributed_type", self.distributed_type, DistributedType)
         if self.mixed_precision is not None:
             self.mixed_precision = _choice(
-                "mixed_precision", str(self.mixed_precision).lower(), PrecisionType
+                "mixed_precision", enum_value(self.mixed_precision).lower(), PrecisionType
             ).value
 
 
@@ -301,7 +307,7 @@ class ClusterConfig(BaseConfig):
         if backend is not None:
             self.dynamo_config = dict(self.dynamo_config or {})
             self.dynamo_config["dynamo_backend"] = _choice(
-                "dynamo_config.dynamo_backend", str(backend).upper(), DynamoBackend
+                "dynamo_config.dynamo_backend", enum_value(backend).upper(), DynamoBackend
             ).value
         if self.gpu_ids not in (None, "all"):
             parts = [part.strip() for part in str(self.gpu_ids).split(",")]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hasten.commands.config.config_args import ClusterConfig, default_json_config_file
-from hasten.config.enums import DistributedType, PrecisionType
+from hasten.config.enums import DistributedType, PrecisionType, enum_value
 
 __all__ = ["default_command", "default_command_parser", "write_basic_config"]
 
@@ -22,7 +22,7 @@ def _machine() -> tuple[int, str, bool]:
         return 1, DistributedType.NO.value, True
     if count == 1:
         return 1, DistributedType.NO.value, False
-    return count, str(platform.distributed_type), False
+    return count, enum_value(platform.distributed_type), False
 
 
 def write_basic_config(
@@ -44,7 +44,7 @@ def write_basic_config(
     Raises:
         ValueError: `mixed_precision` is not one of the allowed values.
     """
-    value = str(mixed_precision).lower()
+    value = enum_value(mixed_precision).lower()
     if value not in PrecisionType.list():
         raise ValueError(
             f"Unknown mixed_precision {mixed_precision!r}. Choose one of {PrecisionType.list()}."
