@@ -50,7 +50,6 @@ from hasten.data_loader import skip_first_batches as skip_batches
 from hasten.ops import collectives
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.platforms.memory import release_memory
-from hasten.precision import select_precision
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.strategies import DDPStrategy, Strategy, select_strategy
@@ -61,11 +60,8 @@ from hasten.training.compile import compile_model
 from hasten.training.lomo import lomo_backward
 from hasten.training.prepare import (
     PreparedRegistry,
-    all_parameters,
     check_optimizer_device,
     make_backward,
-    parameter_moves,
-    retarget_optimizer,
 )
 
 __all__ = ["Accelerator"]
@@ -170,29 +166,27 @@ def _resolve_data_config(
     return config
 
 
-def _resolve_engine_plugins(
-    deepspeed_plugin: Any, deepspeed_plugins: Any, fsdp_plugin: Any, megatron_lm_plugin: Any
-) -> tuple[Any, Any, Any]:
-    """Validate the engine plugins and pick up the launcher's ACCELERATE_USE_* requests."""
+def _resolve_deepspeed(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
+    """The DeepSpeed request (one plugin or a dict of named ones); the engine is chosen later."""
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError(
             "deepspeed_plugin and deepspeed_plugins were both passed; pass only one "
             "(deepspeed_plugins takes a dict of named plugins)."
         )
-    deepspeed = deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
-    if deepspeed is None and envvars.read_flag("ACCELERATE_USE_DEEPSPEED"):
-        from hasten.config.deepspeed import DeepSpeedPlugin
+    return deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
 
-        deepspeed = DeepSpeedPlugin()
-    if fsdp_plugin is None and envvars.read_flag("ACCELERATE_USE_FSDP"):
-        from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
-        fsdp_plugin = FullyShardedDataParallelPlugin()
-    if megatron_lm_plugin is None and envvars.read_flag("ACCELERATE_USE_MEGATRON_LM"):
-        from hasten.config.megatron import MegatronLMPlugin
-
-        megatron_lm_plugin = MegatronLMPlugin()
-    return deepspeed, fsdp_plugin, megatron_lm_plugin
+def _kind(obj: Any) -> str:
+    """What prepare() does with ``obj``: "model", "optimizer", "scheduler", "data_loader", "other"."""
+    if isinstance(obj, nn.Module):
+        return "model"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if isinstance(obj, torch.utils.data.DataLoader):
+        return "data_loader"
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        return "scheduler"
+    return "other"
 
 
 class Accelerator:
@@ -260,9 +254,7 @@ class Accelerator:
             gradient_accumulation_steps, gradient_accumulation_plugin
         )
         dynamo = _resolve_dynamo(dynamo_backend, dynamo_plugin)
-        deepspeed, fsdp_plugin, megatron_lm_plugin = _resolve_engine_plugins(
-            deepspeed_plugin, deepspeed_plugins, fsdp_plugin, megatron_lm_plugin
-        )
+        deepspeed = _resolve_deepspeed(deepspeed_plugin, deepspeed_plugins)
         self.dataloader_config = _resolve_data_config(dataloader_config, split_batches)
         handlers = _sort_handlers(kwargs_handlers)
         self.ddp_handler: Any = handlers.get("ddp_handler")
@@ -289,7 +281,7 @@ class Accelerator:
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
-        self._setup_backends(deepspeed, fsdp_plugin, megatron_lm_plugin)
+        self._setup_backends()
         self._trackers = TrackerManager(log_with, self.logging_dir, self.is_main_process)
         self.log_with = self._trackers.log_with
         self.step = 0
@@ -304,23 +296,16 @@ class Accelerator:
         # With automatic checkpoint naming, SIGTERM/SIGUSR1 checkpoint and exit with code 75.
         self._checkpoints.watch_preemption(self.save_state)
 
-    def _setup_backends(self, deepspeed: Any, fsdp: Any, megatron: Any) -> None:
+    def _setup_backends(self) -> None:
         """Pick strategy and precision once; everything per step dispatches through them."""
         self.strategy: Strategy = select_strategy(
-            self.state.distributed_type,
+            self.state.engine,
             device=self.device,
             ddp_kwargs=self.ddp_handler,
-            deepspeed_plugin=deepspeed,
-            fsdp_plugin=fsdp,
-            megatron_lm_plugin=megatron,
             parallelism_config=self.parallelism_config,
         )
-        self.precision = select_precision(
-            self.state.mixed_precision,
-            device=self.device,
-            distributed_type=self.state.distributed_type,
-            autocast_kwargs=self.autocast_handler,
-            scaler_kwargs=self.scaler_handler,
+        self.precision = self.strategy.select_precision(
+            self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler
         )
         self.scaler = self.precision.scaler
         self.native_amp = self.precision.native_amp
@@ -329,7 +314,8 @@ class Accelerator:
 
     def _refresh_backward(self) -> None:
         scale = self.scaler.scale if self.scaler is not None else None
-        self._backward = make_backward(self.gradient_state.num_steps, scale)
+        steps = self.gradient_state.num_steps
+        self._backward = self.strategy.backward_fn(steps, scale) or make_backward(steps, scale)
         # Until an optimizer is prepared nothing would unscale a scaled loss.
         self._scaled_without_optimizer = scale is not None and not getattr(
             self, "_optimizers", None
@@ -409,8 +395,8 @@ class Accelerator:
 
     @property
     def is_fsdp2(self) -> bool:
-        """Always False: the FSDP engine is not wired yet."""
-        return False
+        """Whether FSDP2 (``fully_shard``) shards the prepared models."""
+        return bool(self.state.is_fsdp2)
 
     # ------------------------------------------------------------------ configuration views
 
@@ -534,25 +520,33 @@ class Accelerator:
         self._check_unique(args)
         self.strategy.check_usable()
         result = list(args)
-        moves: dict[int, Any] = {}
-        for i, (obj, place) in enumerate(zip(args, placements)):
-            if isinstance(obj, nn.Module):
-                before = all_parameters([obj])
-                result[i] = self.prepare_model(obj, device_placement=place)
-                moves.update(
-                    parameter_moves(before, all_parameters([self.unwrap_model(result[i])]))
-                )
-        # Optimizers of this call and of earlier calls follow parameters the move replaced.
-        for obj in [*args, *(opt.optimizer for opt in self._optimizers)]:
-            if isinstance(obj, torch.optim.Optimizer):
-                retarget_optimizer(obj, moves)
-        for i, (obj, place) in enumerate(zip(args, placements)):
-            if isinstance(obj, torch.optim.Optimizer):
+        kinds = [_kind(obj) for obj in args]
+        models = [obj for obj, kind in zip(args, kinds) if kind == "model"]
+        model_places = iter([p for p, kind in zip(placements, kinds) if kind == "model"])
+        optimizers = [obj for obj, kind in zip(args, kinds) if kind == "optimizer"]
+        schedulers = [obj for obj, kind in zip(args, kinds) if kind == "scheduler"]
+        new_models, new_optimizers, new_schedulers = self.strategy.setup(
+            models,
+            optimizers,
+            schedulers,
+            lambda model: self.prepare_model(model, device_placement=next(model_places)),
+            earlier_optimizers=[opt.optimizer for opt in self._optimizers],
+        )
+        replaced = {
+            "model": iter(new_models),
+            "optimizer": iter(new_optimizers),
+            "scheduler": iter(new_schedulers),
+        }
+        for i, kind in enumerate(kinds):
+            if kind in replaced:
+                result[i] = next(replaced[kind])
+        for i, (obj, place) in enumerate(zip(result, placements)):
+            if kinds[i] == "optimizer":
                 result[i] = self.prepare_optimizer(obj, device_placement=place)
-            elif isinstance(obj, torch.utils.data.DataLoader):
+            elif kinds[i] == "data_loader":
                 result[i] = self.prepare_data_loader(obj, device_placement=place)
-        for i, obj in enumerate(args):
-            if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        for i, obj in enumerate(result):
+            if kinds[i] == "scheduler":
                 result[i] = self.prepare_scheduler(obj)
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -598,12 +592,17 @@ class Accelerator:
                 )
             place = False  # the dispatcher placed each layer; moving it would undo that
         device = self.device if place else None
-        self.precision.wrap_forward(model)
+        dynamo = self.state.dynamo_plugin
         if evaluation_mode:
-            prepared = model.to(device) if device is not None else model
+            self.precision.wrap_forward(model)
+            prepared = compile_model(model.to(device) if device is not None else model, dynamo)
         else:
-            prepared = self.strategy.setup_module(model, device)
-        prepared = compile_model(prepared, self.state.dynamo_plugin)
+            prepared = self.strategy.prepare_module(
+                model,
+                device,
+                precision=self.precision,
+                compile_fn=lambda module: compile_model(module, dynamo),
+            )
         self._mark(prepared)
         self._models.append(prepared)
         return prepared
@@ -626,7 +625,9 @@ class Accelerator:
         place = self.device_placement if device_placement is None else device_placement
         if place:
             check_optimizer_device(optimizer, self.device)
-        wrapped = AcceleratedOptimizer(optimizer, device_placement=place, scaler=self.scaler)
+        wrapped = self.strategy.wrap_optimizer(
+            optimizer, device_placement=place, scaler=self.scaler
+        )
         self._mark(wrapped)
         self._optimizers.append(wrapped)
         self._scaled_without_optimizer = False
@@ -930,8 +931,14 @@ class Accelerator:
     # ------------------------------------------------------------------ checkpoints
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """Return the full state dict of ``model`` (unwrapped from DDP/compile by default)."""
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
+        """Return the full state dict of ``model`` (unwrapped from DDP/compile by default).
+
+        Sharded models are gathered: every process must call this, and under FSDP the full
+        tensors land on the main process (the others get an empty dict).
+        """
+        if not unwrap:
+            return model.state_dict()
+        return self.strategy.model_state_dict(model, full=True)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per job (once per node with ``save_on_each_node``)."""
@@ -972,9 +979,13 @@ class Accelerator:
 
     def _checkpoint_contents(self, for_save: bool) -> CheckpointContents:
         models = [self.unwrap_model(m) for m in self._models]
+        sharded = self.strategy.checkpoint_layout == "sharded"
+        states = [] if sharded or not for_save else [m.state_dict() for m in models]
         return CheckpointContents(
-            model_states=[m.state_dict() for m in models] if for_save else [],
+            model_states=states,
             models=models,
+            prepared_models=list(self._models),
+            engine=self.strategy,
             optimizers=list(self._optimizers),
             schedulers=list(self._schedulers),
             dataloaders=list(self._dataloaders),

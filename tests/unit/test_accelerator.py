@@ -156,13 +156,25 @@ def test_dataloader_config_views() -> None:
     assert config.even_batches
 
 
-def test_unwired_engine_is_accepted_then_refused() -> None:
+def test_unwired_engine_is_accepted_then_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hasten.config.megatron as megatron_config
+
+    monkeypatch.setattr(megatron_config, "MegatronLMPlugin", lambda: object())
+    monkeypatch.setenv("ACCELERATE_USE_MEGATRON_LM", "true")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    acc = Accelerator(cpu=True)
+    assert isinstance(acc.strategy, UnwiredStrategy)  # refused, never silently ignored
+    assert acc.state.engine.requested == ("megatron_lm",)
+    with pytest.raises(NotImplementedError, match="Megatron-LM engine is not wired"):
+        acc.prepare(mlp())
+
+
+def test_fsdp_on_one_process_trains_plainly() -> None:
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
-    assert isinstance(acc.strategy, UnwiredStrategy)
-    with pytest.raises(NotImplementedError, match="FSDP engine is not wired"):
-        acc.prepare(mlp())
+    assert isinstance(acc.strategy, SingleDeviceStrategy) and not acc.is_fsdp2
+    assert acc.state.fsdp_plugin is None
 
 
 # ---------------------------------------------------------------- prepare

@@ -58,7 +58,9 @@ class CheckpointContents:
     """What a checkpoint holds, in the order the Accelerator prepared or registered it.
 
     For saving, ``model_states`` holds each model's state dict (hooks already applied); for
-    loading, ``models`` holds the unwrapped modules to load into.
+    loading, ``models`` holds the unwrapped modules to load into. ``prepared_models`` are the
+    modules prepare returned and ``engine`` the strategy, which gives sharded state dicts when its
+    ``checkpoint_layout`` is "sharded" (see `hasten.checkpointing.sharded_state`).
     """
 
     model_states: list[dict[str, torch.Tensor]] = field(default_factory=list)
@@ -68,6 +70,8 @@ class CheckpointContents:
     dataloaders: list[Any] = field(default_factory=list)
     custom_objects: list[Any] = field(default_factory=list)
     scaler: Any | None = None
+    prepared_models: list[torch.nn.Module] = field(default_factory=list)
+    engine: Any = None  # the strategy: state dicts and ``checkpoint_layout`` (see StateDictSource)
 
 
 def _shared_jobs(

@@ -7,6 +7,7 @@ instance shares one set of attributes; it is created by `Accelerator()`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from hasten.config import envvars
 from hasten.config.enums import DistributedType, DynamoBackend, PrecisionType, enum_value
 from hasten.core.imports import is_package_available
 from hasten.state._shared import SharedState
-from hasten.state.detect import engine_of, resolve_distributed_type
+from hasten.state.engine import EngineChoice, resolve_engine
 from hasten.state.partial import PartialState
 
 __all__ = ["AcceleratorState"]
@@ -46,6 +47,7 @@ _KNOWN_ATTRS = frozenset(
     + (
         "_mixed_precision",
         "_partial",
+        "engine",
         "deepspeed_plugins",
         "dynamo_plugin",
         "fsdp_plugin",
@@ -122,7 +124,7 @@ class AcceleratorState(SharedState):
     fork_launched: bool
     _partial: PartialState
     _mixed_precision: str
-    _engine: str | None
+    engine: EngineChoice
     _cpu: bool
 
     def __init__(
@@ -181,18 +183,16 @@ class AcceleratorState(SharedState):
         self.device_mesh = None
         self._check_context_parallel(plugins)
         self._mixed_precision = mixed_precision
-        distributed_type = resolve_distributed_type(
+        self.engine = resolve_engine(
             partial.distributed_type,
             cpu=cpu,
-            use_deepspeed=bool(envvars.setting("ACCELERATE_USE_DEEPSPEED")),
-            use_fsdp=bool(envvars.setting("ACCELERATE_USE_FSDP"))
-            or plugins["fsdp_plugin"] is not None
-            or self._context_parallel,
-            use_megatron_lm=bool(envvars.setting("ACCELERATE_USE_MEGATRON_LM")),
+            deepspeed_plugin=plugins["deepspeed_plugin"],
+            fsdp_plugin=plugins["fsdp_plugin"],
+            megatron_lm_plugin=plugins["megatron_lm_plugin"],
+            context_parallel=self._context_parallel,
         )
-        self._engine = engine_of(distributed_type)
-        self._attach_engine_plugins(plugins, mixed_precision)
-        partial.distributed_type = distributed_type
+        self._attach_engine_plugins(mixed_precision)
+        partial.distributed_type = self.engine.distributed_type
         self._enable_tf32_for_dynamo()
 
     @property
@@ -215,14 +215,15 @@ class AcceleratorState(SharedState):
                 "context parallelism needs FSDP2. Set fsdp_version=2."
             )
 
-    def _attach_engine_plugins(self, plugins: dict[str, Any], mixed_precision: str) -> None:
-        if self._engine == "deepspeed":
-            deepspeed_plugin = plugins["deepspeed_plugin"]
-            if deepspeed_plugin is None:
-                raise ValueError(
-                    "ACCELERATE_USE_DEEPSPEED is set but no deepspeed_plugin was given. Pass "
-                    "Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) or unset the variable."
-                )
+    @property
+    def _engine(self) -> str | None:
+        name = self.engine.name
+        return None if name == "none" else name
+
+    def _attach_engine_plugins(self, mixed_precision: str) -> None:
+        engine = self.engine
+        if engine.name == "deepspeed":
+            deepspeed_plugin = engine.deepspeed_plugins
             active = deepspeed_plugin
             if isinstance(deepspeed_plugin, dict):
                 for plugin in deepspeed_plugin.values():
@@ -235,15 +236,14 @@ class AcceleratorState(SharedState):
             if mixed_precision != "fp8":
                 # DeepSpeed owns precision through its config; see `mixed_precision`.
                 self._mixed_precision = "no"
-        elif self._engine in ("fsdp", "megatron_lm"):
-            fsdp_plugin = plugins["fsdp_plugin"]
+        elif engine.name in ("fsdp", "megatron_lm"):
+            fsdp_plugin = engine.fsdp_plugin
             if fsdp_plugin is not None and mixed_precision != "no":
                 _call_if_present(fsdp_plugin, "set_mixed_precision", mixed_precision)
             self.fsdp_plugin = fsdp_plugin
-            if self._engine == "megatron_lm":
-                megatron_lm_plugin = plugins["megatron_lm_plugin"]
-                _call_if_present(megatron_lm_plugin, "set_mixed_precision", mixed_precision)
-                self.megatron_lm_plugin = megatron_lm_plugin
+            if engine.name == "megatron_lm":
+                _call_if_present(engine.megatron_lm_plugin, "set_mixed_precision", mixed_precision)
+                self.megatron_lm_plugin = engine.megatron_lm_plugin
 
     def _enable_tf32_for_dynamo(self) -> None:
         backend = getattr(self.dynamo_plugin, "backend", DynamoBackend.NO)
@@ -284,7 +284,7 @@ class AcceleratorState(SharedState):
     @distributed_type.setter
     def distributed_type(self, value: DistributedType) -> None:
         self._partial.distributed_type = value
-        self._engine = engine_of(value)
+        self.engine = dataclasses.replace(self.engine.relabel(value), fsdp_plugin=self.fsdp_plugin)
 
     @property
     def mixed_precision(self) -> str:
@@ -342,7 +342,7 @@ class AcceleratorState(SharedState):
     @property
     def is_fsdp2(self) -> bool:
         """Whether FSDP version 2 shards the model."""
-        return self._engine == "fsdp" and getattr(self.fsdp_plugin, "fsdp_version", 1) == 2
+        return self.engine.is_fsdp2
 
     @property
     def use_distributed(self) -> bool:
@@ -408,7 +408,7 @@ class AcceleratorState(SharedState):
         return text
 
     def __getattr__(self, name: str) -> Any:
-        if name in _KNOWN_ATTRS or name in ("_engine", "_cpu"):
+        if name in _KNOWN_ATTRS or name == "_cpu":
             raise AttributeError(
                 f"AcceleratorState has no attribute {name!r} because the state was reset "
                 "(reset_state() / AcceleratorState._reset_state()) and not set up again. "

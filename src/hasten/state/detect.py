@@ -24,9 +24,7 @@ __all__ = [
     "DEFAULT_MASTER_PORT",
     "RunSpec",
     "detect_run",
-    "engine_of",
     "main_is_last_process",
-    "resolve_distributed_type",
     "runs_distributed",
 ]
 
@@ -192,33 +190,6 @@ def detect_run(
     )
 
 
-def resolve_distributed_type(
-    base: DistributedType,
-    *,
-    cpu: bool,
-    use_deepspeed: bool,
-    use_fsdp: bool,
-    use_megatron_lm: bool,
-) -> DistributedType:
-    """Return the engine label once the user's plugins are known (AcceleratorState's upgrade).
-
-    DeepSpeed wins when requested (and not on CPU); FSDP and Megatron-LM only upgrade plain
-    data parallelism on an accelerator, as Accelerate does.
-    """
-    if base == DistributedType.XLA:
-        return base
-    if use_deepspeed and not cpu:
-        return DistributedType.DEEPSPEED
-    if base in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.DEEPSPEED):
-        return base
-    resolved = base
-    if use_fsdp:
-        resolved = DistributedType.FSDP
-    if use_megatron_lm and base != DistributedType.MULTI_XPU:
-        resolved = DistributedType.MEGATRON_LM
-    return resolved
-
-
 def runs_distributed(distributed_type: DistributedType) -> bool:
     """Return whether this label means several cooperating processes (anything but NO)."""
     return distributed_type != DistributedType.NO
@@ -227,16 +198,3 @@ def runs_distributed(distributed_type: DistributedType) -> bool:
 def main_is_last_process(distributed_type: DistributedType) -> bool:
     """Return whether the last process plays "main" (Megatron-LM logs from the last stage)."""
     return distributed_type == DistributedType.MEGATRON_LM
-
-
-_ENGINES = {
-    DistributedType.DEEPSPEED: "deepspeed",
-    DistributedType.FSDP: "fsdp",
-    DistributedType.MEGATRON_LM: "megatron_lm",
-    DistributedType.XLA: "xla",
-}
-
-
-def engine_of(distributed_type: DistributedType) -> str | None:
-    """Return which engine owns the run ("deepspeed", "fsdp", "megatron_lm", "xla") or None."""
-    return _ENGINES.get(distributed_type)

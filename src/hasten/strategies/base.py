@@ -1,43 +1,127 @@
-"""The `Strategy` interface: how a model is split across processes, decided once in prepare.
+"""The `Strategy` interface: the engine seam between the Accelerator and DDP/FSDP/DeepSpeed/...
 
-The Accelerator never branches on `DistributedType` per step; it asks its strategy object, which
-`strategies.select.select_strategy` picked once.
+The Accelerator never branches on `DistributedType`; it asks its strategy object, which
+`strategies.select.select_strategy` picked once from the resolved `EngineChoice`. A strategy
+answers, for the whole run:
+
+- ``select_precision``: the numeric policy (autocast + scaler, or the engine's own policy);
+- ``setup``: models, optimizers and schedulers together (wrap/shard the models in the engine's
+  order, then point the optimizers at the new parameters by name, with a count check);
+- ``backward_fn`` / ``wrap_optimizer``: whether it owns backward and the optimizer step;
+- ``no_sync`` / ``clip_grad_norm_`` / ``unwrap``: per-step helpers;
+- ``model_state_dict`` / ``optimizer_state_dict`` (+ ``load_*``): full or sharded state dicts;
+- ``checkpoint_layout``: "replicated" (one copy, written by the main process) or "sharded"
+  (every process writes its part through torch.distributed.checkpoint).
+
+Every method here is the single-process answer; subclasses override only what differs.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch import nn
 
+from hasten.optimizer import AcceleratedOptimizer
+from hasten.precision import Precision, select_precision
+from hasten.strategies.rebind import canonical_name, rebind_optimizers
 from hasten.strategies.unwrap import extract_model_from_parallel
 
-__all__ = ["Strategy"]
+__all__ = ["BackwardFn", "ModulePreparer", "Strategy"]
+
+BackwardFn = Callable[..., None]
+#: What the Accelerator hands to `Strategy.setup` for each model: its bookkeeping (device-map
+#: check, prepared registry) around `Strategy.prepare_module`.
+ModulePreparer = Callable[[nn.Module], nn.Module]
 
 
 class Strategy:
-    """Base strategy: one replica of the model per process, nothing to synchronise.
-
-    Subclasses override only what differs; every method here is the single-process answer.
-    """
+    """Base strategy: one replica of the model per process, nothing to synchronise."""
 
     #: Short name shown in messages and reprs.
     name: str = "base"
     #: True when gradients are exchanged between processes during backward.
     syncs_gradients: bool = False
+    #: How save_state writes models and optimizers: "replicated" or "sharded" (DCP).
+    checkpoint_layout: str = "replicated"
 
     def check_usable(self) -> None:
         """Raise if this strategy cannot run yet (engines that are accepted but not wired)."""
+
+    # ------------------------------------------------------------------ set-up (once)
+
+    def select_precision(
+        self, mixed_precision: Any, device: torch.device, autocast_kwargs: Any, scaler_kwargs: Any
+    ) -> Precision:
+        """Choose the precision policy (default: autocast, plus a GradScaler under fp16)."""
+        return select_precision(
+            mixed_precision, device, autocast_kwargs=autocast_kwargs, scaler_kwargs=scaler_kwargs
+        )
+
+    def prepare_module(
+        self,
+        module: nn.Module,
+        device: torch.device | None,
+        *,
+        precision: Precision,
+        compile_fn: Callable[[nn.Module], nn.Module],
+    ) -> nn.Module:
+        """Precision forward, move + wrap, then compile (engines may choose another order)."""
+        precision.wrap_forward(module)
+        return compile_fn(self.setup_module(module, device))
 
     def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
         """Move ``module`` to ``device`` (None: leave it where it is) and wrap it if needed."""
         if device is not None:
             module = module.to(device)
         return module
+
+    def setup(
+        self,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+        schedulers: Sequence[Any],
+        prepare: ModulePreparer,
+        *,
+        earlier_optimizers: Sequence[torch.optim.Optimizer] = (),
+    ) -> tuple[list[nn.Module], list[torch.optim.Optimizer], list[Any]]:
+        """Set up one prepare() call's models, optimizers and schedulers together.
+
+        Each model goes through ``prepare`` (which calls `prepare_module`); then every
+        optimizer of this call (and ``earlier_optimizers``, prepared before) is pointed at the
+        parameters that replaced the ones it held, matched by parameter name.
+
+        Returns:
+            The prepared models, the (raw, retargeted) optimizers and the schedulers, in order.
+
+        Raises:
+            ValueError: an optimizer holds parameters that cannot be matched after set-up.
+        """
+        before = [_named(m) for m in models]
+        prepared = [prepare(m) for m in models]
+        after = [_named(self.unwrap(p, keep_torch_compile=False)) for p in prepared]
+        rebind_optimizers([*optimizers, *earlier_optimizers], before, after)
+        return prepared, list(optimizers), list(schedulers)
+
+    def backward_fn(self, num_steps: int, scale: Callable[[Any], Any] | None) -> BackwardFn | None:
+        """Return a backward the engine owns (e.g. DeepSpeed's), or None for hasten's own."""
+        return None
+
+    def wrap_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        device_placement: bool,
+        scaler: torch.amp.GradScaler | None,
+    ) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` so it steps only on sync steps (engines may own the step)."""
+        return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=scaler)
+
+    # ------------------------------------------------------------------ per step
 
     def no_sync(self, module: nn.Module) -> AbstractContextManager[None]:
         """Context in which backward accumulates gradients locally without communicating."""
@@ -70,5 +154,41 @@ class Strategy:
         """Clamp every gradient element into ``[-clip_value, clip_value]`` in place."""
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
+    # ------------------------------------------------------------------ state dicts
+
+    def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:
+        """The model's state dict: ``full`` = plain tensors (on the main process for sharded
+        engines; other processes may get an empty dict), else this process's shards."""
+        return self.unwrap(model, keep_torch_compile=False).state_dict()
+
+    def load_model_state_dict(
+        self,
+        model: nn.Module,
+        state_dict: dict[str, Any],
+        *,
+        full: bool = True,
+        strict: bool = True,
+    ) -> None:
+        """Load what `model_state_dict` returned (``full``: plain tensors, given on every
+        process or only on the main one for sharded engines)."""
+        self.unwrap(model, keep_torch_compile=False).load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state_dict(
+        self, model: nn.Module, optimizer: Any, *, full: bool = True
+    ) -> dict[str, Any]:
+        """The optimizer's state dict (sharded engines: keyed by parameter name)."""
+        return dict(optimizer.state_dict())
+
+    def load_optimizer_state_dict(
+        self, model: nn.Module, optimizer: Any, state_dict: dict[str, Any], *, full: bool = True
+    ) -> None:
+        """Load what `optimizer_state_dict` returned."""
+        optimizer.load_state_dict(state_dict)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _named(module: nn.Module) -> dict[str, nn.Parameter]:
+    """Parameters by canonical name (wrapper prefixes removed), shared ones once."""
+    return {canonical_name(n): p for n, p in module.named_parameters()}

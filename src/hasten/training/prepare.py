@@ -1,26 +1,22 @@
 """The pieces of `Accelerator.prepare` that do not depend on the facade.
 
-Bookkeeping of what was prepared (so nothing is wrapped twice), keeping optimizers pointed at
-the parameters of the moved model, the device check that catches an optimizer prepared apart
+Bookkeeping of what was prepared (so nothing is wrapped twice; optimizers follow the moved
+parameters in `strategies.rebind`), the device check that catches an optimizer prepared apart
 from its model, and the per-step ``backward`` chosen once from (accumulation steps, loss scaler).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 __all__ = [
     "PreparedRegistry",
-    "all_parameters",
     "check_optimizer_device",
     "make_backward",
-    "parameter_moves",
-    "retarget_optimizer",
     "same_device",
 ]
 
@@ -61,23 +57,6 @@ class PreparedRegistry:
     def record(self, obj: Any) -> None:
         """Record an object prepare returned, so passing it back is refused as well."""
         self._add(obj)
-
-
-def parameter_moves(before: list[nn.Parameter], after: list[nn.Parameter]) -> dict[int, Any]:
-    """Map ``id(old)`` to the new parameter for every parameter that changed identity."""
-    return {id(old): new for old, new in zip(before, after) if old is not new}
-
-
-def retarget_optimizer(optimizer: torch.optim.Optimizer, moves: dict[int, Any]) -> None:
-    """Point ``optimizer`` (its param groups and state) at the moved parameters, in place."""
-    if not moves:
-        return
-    for group in optimizer.param_groups:
-        group["params"] = [moves.get(id(p), p) for p in group["params"]]
-    if optimizer.state:
-        state = {moves.get(id(p), p): s for p, s in optimizer.state.items()}
-        optimizer.state.clear()
-        optimizer.state.update(state)
 
 
 def same_device(tensor_device: torch.device, device: torch.device) -> bool:
@@ -137,8 +116,3 @@ def make_backward(
         scaler(loss / num_steps).backward(**kwargs)
 
     return _scaled_averaged
-
-
-def all_parameters(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
-    """Return the parameters of ``modules`` in registration order (duplicates kept)."""
-    return [p for m in modules for p in m.parameters()]

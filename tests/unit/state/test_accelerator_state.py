@@ -118,10 +118,16 @@ def test_named_deepspeed_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
         state.select_deepspeed_plugin("third")
 
 
-def test_deepspeed_without_plugin_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deepspeed_variable_builds_the_plugin_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hasten.config.deepspeed as deepspeed_config
+
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    with pytest.raises(ValueError, match="no deepspeed_plugin was given"):
-        make()
+    monkeypatch.setattr(deepspeed_config, "DeepSpeedPlugin", lambda: FakeDeepSpeedPlugin({}))
+    state = make()
+    assert state.engine.name == "deepspeed" and state.distributed_type == DistributedType.DEEPSPEED
+    assert (
+        isinstance(state.deepspeed_plugin, FakeDeepSpeedPlugin) and state.deepspeed_plugin.selected
+    )
 
 
 def test_plain_runs_keep_no_engine_plugins() -> None:

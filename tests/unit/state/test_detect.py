@@ -12,9 +12,7 @@ from hasten.platforms.npu import NpuPlatform
 from hasten.platforms.xpu import XpuPlatform
 from hasten.state.detect import (
     detect_run,
-    engine_of,
     main_is_last_process,
-    resolve_distributed_type,
     runs_distributed,
 )
 from hasten.state.environments import RankInfo, find_ranks, ranks_from_mpi, ranks_from_torchrun
@@ -207,30 +205,8 @@ def test_inconsistent_rank_variables_are_errors(env: dict[str, str], match: str)
         detect_run(env, CPU)
 
 
-def test_resolve_distributed_type_upgrades_for_engines() -> None:
-    flags = {"cpu": False, "use_deepspeed": False, "use_fsdp": False, "use_megatron_lm": False}
-    gpu = DistributedType.MULTI_GPU
-    assert resolve_distributed_type(gpu, **flags) == gpu
-    assert resolve_distributed_type(gpu, **{**flags, "use_fsdp": True}) == DistributedType.FSDP
-    assert (
-        resolve_distributed_type(gpu, **{**flags, "use_megatron_lm": True})
-        == DistributedType.MEGATRON_LM
-    )
-    assert (
-        resolve_distributed_type(gpu, **{**flags, "use_deepspeed": True})
-        == DistributedType.DEEPSPEED
-    )
-    assert resolve_distributed_type(gpu, **{**flags, "use_deepspeed": True, "cpu": True}) == gpu
-    xpu = DistributedType.MULTI_XPU
-    assert resolve_distributed_type(xpu, **{**flags, "use_megatron_lm": True}) == xpu
-    for base in (DistributedType.NO, DistributedType.MULTI_CPU):
-        assert resolve_distributed_type(base, **{**flags, "use_fsdp": True}) == base
-
-
 def test_labels() -> None:
     assert not runs_distributed(DistributedType.NO)
     assert runs_distributed(DistributedType.MULTI_CPU)
     assert main_is_last_process(DistributedType.MEGATRON_LM)
     assert not main_is_last_process(DistributedType.MULTI_GPU)
-    assert engine_of(DistributedType.FSDP) == "fsdp"
-    assert engine_of(DistributedType.MULTI_GPU) is None

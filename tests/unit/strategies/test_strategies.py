@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hasten.config.enums import DistributedType
+from hasten.state.engine import EngineChoice
 from hasten.strategies import (
     DDPStrategy,
     SingleDeviceStrategy,
@@ -99,9 +100,14 @@ def test_select_maps_types_to_strategies() -> None:
     fsdp = select_strategy(DistributedType.FSDP, device=cpu)
     assert isinstance(fsdp, UnwiredStrategy)
     assert fsdp.engine == "FSDP"
-    plugin = select_strategy(DistributedType.NO, device=cpu, deepspeed_plugin=object())
+    # A DeepSpeed request this run cannot honour (CPU) is refused, never silently ignored.
+    choice = EngineChoice("none", DistributedType.MULTI_CPU, requested=("deepspeed",))
+    plugin = select_strategy(choice, device=cpu)
     assert isinstance(plugin, UnwiredStrategy)
     assert plugin.engine == "DeepSpeed"
+    # A single process with an FSDP plugin has nothing to shard (Accelerate's behaviour).
+    single = EngineChoice("none", DistributedType.NO, requested=("fsdp",))
+    assert isinstance(select_strategy(single, device=cpu), SingleDeviceStrategy)
 
 
 def test_select_rejects_unknown_type() -> None:

@@ -6,11 +6,8 @@ from torch import nn
 
 from hasten.training.prepare import (
     PreparedRegistry,
-    all_parameters,
     check_optimizer_device,
     make_backward,
-    parameter_moves,
-    retarget_optimizer,
     same_device,
 )
 
@@ -27,20 +24,6 @@ def test_registry_refuses_a_second_claim() -> None:
     unhashable_but_referenceable = 3  # ints cannot be weakly referenced: identity fallback
     reg.claim(unhashable_but_referenceable, "object")
     assert unhashable_but_referenceable in reg
-
-
-def test_parameter_moves_and_retarget() -> None:
-    old = nn.Linear(2, 2)
-    new = nn.Linear(2, 2)
-    moves = parameter_moves(all_parameters([old]), all_parameters([new]))
-    assert set(moves) == {id(p) for p in old.parameters()}
-    opt = torch.optim.SGD(old.parameters(), lr=0.1, momentum=0.9)
-    old(torch.ones(1, 2)).sum().backward()
-    opt.step()
-    retarget_optimizer(opt, moves)
-    assert [p for g in opt.param_groups for p in g["params"]] == list(new.parameters())
-    assert set(opt.state) == set(new.parameters())
-    assert parameter_moves(all_parameters([new]), all_parameters([new])) == {}
 
 
 def test_same_device() -> None:
