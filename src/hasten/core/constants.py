@@ -7,6 +7,9 @@ they are kept verbatim.
 from __future__ import annotations
 
 __all__ = [
+    "CUDA_DISTRIBUTED_TYPES",
+    "DTENSOR_PYTORCH_VERSION",
+    "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
     "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
     "MODEL_NAME",
     "OPTIMIZER_NAME",
@@ -55,6 +58,11 @@ TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotun
 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
 MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
 
+# Oldest torch with a usable DTensor, and whose elastic launcher accepts
+# `log_line_prefix_template`.
+DTENSOR_PYTORCH_VERSION = "2.5.0"
+ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
+
 # Arguments `hasten launch` forwards to torch.distributed.run as they are.
 TORCH_LAUNCH_PARAMS = (
     "nnodes",
@@ -82,13 +90,12 @@ TORCH_LAUNCH_PARAMS = (
     "master_port",
 )
 
+# Distributed types (by value) that run on CUDA devices through torch.distributed.
+CUDA_DISTRIBUTED_TYPES = ("DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP")
+
 # Distributed types (by value) whose collectives go through torch.distributed.
 TORCH_DISTRIBUTED_OPERATION_TYPES = (
-    "DEEPSPEED",
-    "MULTI_GPU",
-    "FSDP",
-    "MEGATRON_LM",
-    "TP",
+    *CUDA_DISTRIBUTED_TYPES,
     "MULTI_NPU",
     "MULTI_MLU",
     "MULTI_SDAA",

@@ -13,13 +13,16 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast, overload
 
 __all__ = [
     "ACCELERATE_PREFIX",
+    "CPUInformation",
     "are_libraries_initialized",
     "clear_environment",
     "convert_dict_to_env_variables",
+    "get_cpu_distributed_information",
     "get_int_from_env",
     "parse_choice_from_env",
     "parse_flag_from_env",
@@ -108,6 +111,47 @@ def get_int_from_env(env_keys: list[str] | tuple[str, ...], default: int) -> int
         if value >= 0:
             return value
     return default
+
+
+@dataclass
+class CPUInformation:
+    """Where this process sits in a CPU (torchrun or MPI) job: global and per-node rank and size."""
+
+    rank: int = field(default=0, metadata={"help": "The rank of the current process."})
+    world_size: int = field(default=1, metadata={"help": "The total number of processes."})
+    local_rank: int = field(default=0, metadata={"help": "The rank of the process on its node."})
+    local_world_size: int = field(
+        default=1, metadata={"help": "The number of processes on the local node."}
+    )
+
+
+# torchrun first, then Intel MPI / MPICH (PMI_*), Open MPI and MVAPICH2.
+_CPU_RANK_VARIABLES: dict[str, tuple[str, ...]] = {
+    "rank": ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"),
+    "world_size": ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"),
+    "local_rank": (
+        "LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+    ),
+    "local_world_size": (
+        "LOCAL_WORLD_SIZE",
+        "MPI_LOCALNRANKS",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MV2_COMM_WORLD_LOCAL_SIZE",
+    ),
+}
+
+
+def get_cpu_distributed_information() -> CPUInformation:
+    """Read this process's rank and world sizes from torchrun's or an MPI launcher's variables."""
+    defaults = {"rank": 0, "world_size": 1, "local_rank": 0, "local_world_size": 1}
+    values = {
+        key: get_int_from_env(_CPU_RANK_VARIABLES[key], default)
+        for key, default in defaults.items()
+    }
+    return CPUInformation(**values)
 
 
 def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:

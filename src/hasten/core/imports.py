@@ -27,6 +27,7 @@ __all__ = [
     "is_aim_available",
     "is_amdsmi_available",
     "is_bitsandbytes_available",
+    "is_bitsandbytes_multi_backend_available",
     "is_bnb_available",
     "is_boto3_available",
     "is_clearml_available",
@@ -162,6 +163,17 @@ def is_aim_available() -> bool:
 def is_bnb_available(min_version: str | None = None) -> bool:
     """Return whether `bitsandbytes` is installed (at least `min_version` when given)."""
     return _available("bitsandbytes", min_version)
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    """Return whether the installed bitsandbytes was built with its multi-backend (non-CUDA) support.
+
+    Imports bitsandbytes to read its ``features``, so only call it when about to use it.
+    """
+    if not is_bnb_available():
+        return False
+    bnb = importlib.import_module("bitsandbytes")  # optional: bitsandbytes
+    return "multi_backend" in getattr(bnb, "features", set())
 
 
 def is_bitsandbytes_available() -> bool:

@@ -32,6 +32,7 @@ __all__ = [
     "is_tensor_information",
     "is_torch_tensor",
     "listify",
+    "merge_dicts",
     "rebuild_mapping",
     "recursively_apply",
     "send_to_device",
@@ -373,3 +374,17 @@ class ConvertOutputsToFp32:
 def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> ConvertOutputsToFp32:
     """Return a picklable wrapper of ``model_forward`` whose outputs are converted to fp32."""
     return ConvertOutputsToFp32(model_forward)
+
+
+def merge_dicts(source: dict[Any, Any], destination: dict[Any, Any]) -> dict[Any, Any]:
+    """Merge `source` into `destination` in place, recursing into nested dicts; return `destination`.
+
+    A dict value of `source` is merged into the dict at the same key (created when missing);
+    any other value replaces what `destination` had.
+    """
+    for key, value in source.items():
+        if isinstance(value, dict):
+            merge_dicts(value, destination.setdefault(key, {}))
+        else:
+            destination[key] = value
+    return destination

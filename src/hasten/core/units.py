@@ -5,7 +5,7 @@ Shared by device-map planning (max_memory) and checkpoint sharding (max_shard_si
 
 from __future__ import annotations
 
-__all__ = ["convert_file_size_to_int"]
+__all__ = ["convert_bytes", "convert_file_size_to_int"]
 
 _UNITS = (
     ("GIB", 2**30, False),
@@ -48,3 +48,17 @@ def convert_file_size_to_int(size: int | str) -> int:
         f"size {size!r} is not in a valid format: use an integer number of bytes or a number "
         "with a unit among GiB, MiB, KiB, GB, MB, KB (for example '10GiB' or '500MB')."
     )
+
+
+def convert_bytes(size: float) -> str:
+    """Format a byte count in the largest binary unit below 1024 of it: ``convert_bytes(1536)`` -> ``"1.5 KB"``.
+
+    Units step by 1024 (bytes, KB, MB, GB, TB, then PB), values are rounded to 2 decimals, as
+    Accelerate prints them in `hasten estimate-memory` and logs.
+    """
+    value = size
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if value < 1024.0:
+            return f"{round(value, 2)} {unit}"
+        value /= 1024.0
+    return f"{round(value, 2)} PB"

@@ -21,8 +21,15 @@ __all__ = [
     "is_bf16_available",
     "is_cuda_available",
     "is_fp16_available",
+    "is_habana_gaudi1",
+    "is_hpu_available",
+    "is_mlu_available",
     "is_mps_available",
+    "is_musa_available",
+    "is_neuron_available",
     "is_npu_available",
+    "is_rocm_available",
+    "is_sdaa_available",
     "is_torch_xla_available",
     "is_xccl_available",
     "is_xpu_available",
@@ -81,6 +88,80 @@ def is_npu_available(check_device: bool = False) -> bool:
         except RuntimeError:
             return False
     return bool(npu.is_available())
+
+
+def _vendor_device_available(package: str, device: str, check_device: bool) -> bool:
+    """Whether vendor extension `package` imports and registers ``torch.<device>`` with a device.
+
+    With `check_device`, ``device_count()`` is asked first: it raises when the driver finds no
+    device, where ``is_available()`` alone may answer from the build.
+    """
+    if not is_package_available(package):
+        return False
+    try:
+        importlib.import_module(package)  # optional: the vendor's torch extension
+    except Exception:  # noqa: BLE001 - a vendor wheel on a host without its driver fails variously
+        return False
+    module = getattr(torch, device, None)
+    if module is None:
+        return False
+    if check_device:
+        try:
+            module.device_count()
+        except RuntimeError:
+            return False
+    return bool(module.is_available())
+
+
+@functools.cache
+def is_mlu_available(check_device: bool = False) -> bool:
+    """Return whether Cambricon's `torch_mlu` imports and reports an MLU."""
+    return _vendor_device_available("torch_mlu", "mlu", check_device)
+
+
+@functools.cache
+def is_musa_available(check_device: bool = False) -> bool:
+    """Return whether Moore Threads' `torch_musa` imports and reports a MUSA device."""
+    return _vendor_device_available("torch_musa", "musa", check_device)
+
+
+@functools.cache
+def is_sdaa_available(check_device: bool = False) -> bool:
+    """Return whether Tecorigin's `torch_sdaa` imports and reports an SDAA device."""
+    return _vendor_device_available("torch_sdaa", "sdaa", check_device)
+
+
+@functools.cache
+def is_neuron_available(check_device: bool = False) -> bool:
+    """Return whether AWS's `torch_neuronx` imports and reports a Neuron device."""
+    return _vendor_device_available("torch_neuronx", "neuron", check_device)
+
+
+@functools.cache
+def is_hpu_available(init_hccl: bool = False) -> bool:
+    """Return whether Habana's `habana_frameworks.torch` imports and reports an HPU.
+
+    `init_hccl` also imports the HCCL collective backend, which registers ``hccl`` with
+    torch.distributed.
+    """
+    if not _vendor_device_available("habana_frameworks.torch", "hpu", check_device=False):
+        return False
+    if init_hccl:
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")  # optional: habana
+    return True
+
+
+def is_habana_gaudi1() -> bool:
+    """Return whether the HPU present is a first-generation Gaudi (which lacks some dtypes)."""
+    if not is_hpu_available():
+        return False
+    experimental = importlib.import_module("habana_frameworks.torch.utils.experimental")
+    return bool(experimental._get_device_type() == experimental.synDeviceType.synDeviceGaudi)
+
+
+def is_rocm_available() -> bool:
+    """Return whether this torch is a ROCm (HIP) build and sees an AMD GPU."""
+    return torch.version.hip is not None and torch.cuda.is_available()
 
 
 @functools.cache
@@ -147,5 +228,10 @@ def clear_caches() -> None:
         is_xpu_available,
         is_mps_available,
         is_bf16_available,
+        is_mlu_available,
+        is_musa_available,
+        is_sdaa_available,
+        is_neuron_available,
+        is_hpu_available,
     ):
         check.cache_clear()

@@ -5,6 +5,7 @@ of its instances; `hasten.state._shared.reset_state()` forgets them (for tests).
 """
 
 from hasten.config.enums import DistributedType
+from hasten.state._shared import SharedDict, ThreadLocalSharedDict, do_nothing
 from hasten.state.accelerator_state import AcceleratorState
 from hasten.state.gradient import GradientState
 from hasten.state.partial import PartialState
@@ -14,6 +15,9 @@ __all__ = [
     "DistributedType",
     "GradientState",
     "PartialState",
+    "SharedDict",
+    "ThreadLocalSharedDict",
+    "do_nothing",
     "is_initialized",
     "wait_for_everyone",
 ]

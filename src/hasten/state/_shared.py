@@ -17,30 +17,42 @@ from typing import Any, ClassVar
 
 from hasten.platforms.checks import is_torch_xla_available
 
-__all__ = ["SharedState", "register_reset_hook", "reset_state"]
+__all__ = [
+    "SharedDict",
+    "SharedState",
+    "ThreadLocalSharedDict",
+    "do_nothing",
+    "register_reset_hook",
+    "reset_state",
+]
 
 _REGISTRY: list[type[SharedState]] = []
 _RESET_HOOKS: list[Callable[[], None]] = []
 
 
-class _PerThreadDict(threading.local):
-    """One dict per thread; XLA only."""
+class ThreadLocalSharedDict(threading.local):
+    """Class-attribute descriptor holding one dict per thread (the XLA/PJRT shared state).
 
-    def __init__(self) -> None:
-        self.data: dict[str, Any] = {}
+    ``obj._shared_state`` and ``cls._shared_state`` both give this thread's dict, and
+    ``obj._shared_state = {...}`` replaces it; assigning the *class* attribute would replace
+    the descriptor itself, so reset with ``.clear()``.
 
-
-class _ThreadLocalState:
-    """Class-attribute descriptor whose value is this thread's dict.
-
-    Assigning the class attribute would replace the descriptor, so reset with ``.clear()``.
+    Args:
+        thread_local: accepted for Accelerate compatibility; storage is always per thread.
     """
 
-    def __init__(self) -> None:
-        self._local = _PerThreadDict()
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[str, Any] = {}
 
-    def __get__(self, obj: object, owner: type | None = None) -> dict[str, Any]:
-        return self._local.data
+    def __get__(self, obj: object, objtype: type | None = None) -> dict[str, Any]:
+        return self._storage
+
+    def __set__(self, obj: object, value: dict[str, Any]) -> None:
+        self._storage = value
+
+
+# The type of each state class's shared dict: one per thread only under PyTorch/XLA.
+SharedDict: type = ThreadLocalSharedDict if is_torch_xla_available() else dict
 
 
 class SharedState:
@@ -53,8 +65,9 @@ class SharedState:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # Asked per class (not the module's SharedDict) so tests can fake XLA for one class.
         if is_torch_xla_available():
-            cls._shared_state = _ThreadLocalState()  # type: ignore[assignment]
+            cls._shared_state = ThreadLocalSharedDict()  # type: ignore[assignment]
         else:
             cls._shared_state = {}
         _REGISTRY.append(cls)
@@ -86,3 +99,8 @@ def reset_state() -> None:
         cls._clear_shared()
     for hook in _RESET_HOOKS:
         hook()
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Accept anything and return None: the stand-in for a call skipped on this process."""
+    del args, kwargs

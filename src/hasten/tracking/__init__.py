@@ -17,6 +17,7 @@ _TABLE: dict[str, list[str]] = {
     "hasten.tracking.manager": ["TrackerManager"],
     "hasten.tracking.mlflow": ["MLflowTracker"],
     "hasten.tracking.registry": [
+        "LOGGER_TYPE_TO_CLASS",
         "filter_trackers",
         "get_available_trackers",
         "register_tracker_class",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,9 @@ from hasten.tracking.base import GeneralTracker
 
 __all__ = [
     "BUILTIN_TRACKER",
+    "LOGGER_TYPE_TO_CLASS",
     "LogWith",
+    "LoggerTypeTable",
     "TrackerSpec",
     "filter_trackers",
     "get_available_trackers",
@@ -135,6 +137,31 @@ def tracker_class(name: str) -> type[GeneralTracker]:
         )
     cls: type[GeneralTracker] = getattr(importlib.import_module(spec.module), spec.cls)
     return cls
+
+
+class LoggerTypeTable(Mapping[str, type[GeneralTracker]]):
+    """Read-only view ``tracker name -> class`` over the built-in and registered trackers.
+
+    Accelerate's ``LOGGER_TYPE_TO_CLASS``; a tracker's module is imported when its class is
+    looked up, not when the table is read, so iterating names stays cheap.
+    """
+
+    def __getitem__(self, name: str) -> type[GeneralTracker]:
+        if name not in _BUILTINS and name not in _CUSTOM:
+            raise KeyError(name)
+        return tracker_class(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(set(_BUILTINS) | set(_CUSTOM)))
+
+    def __len__(self) -> int:
+        return len(set(_BUILTINS) | set(_CUSTOM))
+
+    def __repr__(self) -> str:
+        return f"LoggerTypeTable({list(self)})"
+
+
+LOGGER_TYPE_TO_CLASS = LoggerTypeTable()
 
 
 def _requires_logging_directory(name: str) -> bool:

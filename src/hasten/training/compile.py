@@ -16,7 +16,15 @@ from torch import nn
 
 from hasten.strategies.unwrap import is_compiled_module
 
-__all__ = ["CompileSettings", "compile_model", "compile_regions", "repeated_blocks"]
+__all__ = [
+    "CompileSettings",
+    "compile_model",
+    "compile_regions",
+    "has_compiled_regions",
+    "has_repeated_blocks",
+    "is_repeated_blocks",
+    "repeated_blocks",
+]
 
 
 class CompileSettings(Protocol):
@@ -46,6 +54,32 @@ def repeated_blocks(module: nn.Module) -> list[nn.Module]:
 
     visit(module)
     return found
+
+
+def is_repeated_blocks(module: nn.Module) -> bool:
+    """Return whether `module` is a non-empty `ModuleList` whose children all share one class.
+
+    Accelerate's test for "regional compilation applies here"; `repeated_blocks` also accepts
+    `Sequential` containers when it picks the blocks to compile.
+    """
+    return (
+        isinstance(module, nn.ModuleList)
+        and len(module) > 0
+        and all(isinstance(child, type(module[0])) for child in module)
+    )
+
+
+def has_repeated_blocks(module: nn.Module) -> bool:
+    """Return whether `module` or any submodule is a repeated block (see `is_repeated_blocks`)."""
+    return any(is_repeated_blocks(sub) for sub in module.modules())
+
+
+def has_compiled_regions(module: nn.Module) -> bool:
+    """Return whether a submodule of `module` was compiled (an `OptimizedModule` or `.compile()`d)."""
+    return any(
+        is_compiled_module(sub) or getattr(sub, "_compiled_call_impl", None) is not None
+        for sub in module.modules()
+    )
 
 
 def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:

@@ -8,6 +8,9 @@ from hasten.core.lazy import lazy_namespace
 
 _TABLE: dict[str, list[str]] = {
     "hasten.core.constants": [
+        "CUDA_DISTRIBUTED_TYPES",
+        "DTENSOR_PYTORCH_VERSION",
+        "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
         "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
         "MODEL_NAME",
         "OPTIMIZER_NAME",
@@ -34,6 +37,7 @@ _TABLE: dict[str, list[str]] = {
         "is_aim_available",
         "is_amdsmi_available",
         "is_bitsandbytes_available",
+        "is_bitsandbytes_multi_backend_available",
         "is_bnb_available",
         "is_boto3_available",
         "is_clearml_available",
@@ -76,11 +80,17 @@ _TABLE: dict[str, list[str]] = {
         "is_weights_only_available",
         "torchao_required",
     ],
-    "hasten.core.versions": ["compare_versions", "is_torch_version"],
+    "hasten.core.versions": [
+        "STR_OPERATION_TO_FUNC",
+        "compare_versions",
+        "is_torch_version",
+    ],
     "hasten.core.environment": [
+        "CPUInformation",
         "are_libraries_initialized",
         "clear_environment",
         "convert_dict_to_env_variables",
+        "get_cpu_distributed_information",
         "get_int_from_env",
         "parse_choice_from_env",
         "parse_flag_from_env",
@@ -103,6 +113,7 @@ _TABLE: dict[str, list[str]] = {
         "is_tensor_information",
         "is_torch_tensor",
         "listify",
+        "merge_dicts",
         "recursively_apply",
         "send_to_device",
         "slice_tensors",
@@ -150,9 +161,17 @@ _TABLE: dict[str, list[str]] = {
         "is_bf16_available",
         "is_cuda_available",
         "is_fp16_available",
+        "is_habana_gaudi1",
+        "is_hpu_available",
+        "is_mlu_available",
         "is_mps_available",
+        "is_musa_available",
+        "is_neuron_available",
         "is_npu_available",
+        "is_rocm_available",
+        "is_sdaa_available",
         "is_torch_xla_available",
+        "is_xccl_available",
         "is_xpu_available",
     ],
     "hasten.platforms.numa": [
@@ -161,6 +180,7 @@ _TABLE: dict[str, list[str]] = {
         "set_numa_affinity",
     ],
     "hasten.platforms.memory": [
+        "clear_device_cache",
         "find_executable_batch_size",
         "get_xpu_available_memory",
         "release_memory",
@@ -182,7 +202,12 @@ _TABLE: dict[str, list[str]] = {
     "hasten.state": ["is_initialized", "wait_for_everyone"],
     "hasten.precision.amp": ["get_grad_scaler", "get_mixed_precision_context_manager"],
     "hasten.strategies.unwrap": ["extract_model_from_parallel", "is_compiled_module"],
-    "hasten.training.compile": ["compile_regions"],
+    "hasten.training.compile": [
+        "compile_regions",
+        "has_compiled_regions",
+        "has_repeated_blocks",
+        "is_repeated_blocks",
+    ],
     "hasten.checkpointing.io": ["load", "save"],
     "hasten.launchers.install": ["install_xla"],
     "hasten.commands.config.default": ["write_basic_config"],
@@ -219,6 +244,24 @@ _TABLE: dict[str, list[str]] = {
         "save_offload_index",
     ],
     "hasten.big_modeling.quantization": ["load_and_quantize_model"],
+    "hasten.platforms.info": [
+        "check_cuda_p2p_ib_support",
+        "check_os_kernel",
+        "get_current_device_type",
+        "get_driver_version",
+        "get_gpu_info",
+    ],
+    "hasten.core.names": [
+        "get_pretty_name",
+        "recursive_getattr",
+    ],
+    "hasten.core.network": [
+        "get_free_port",
+        "is_port_in_use",
+    ],
+    "hasten.core.units": [
+        "convert_bytes",
+    ],
 }
 
 # Accelerate names whose capability hasten does not provide yet: asking for one raises

@@ -1,7 +1,11 @@
 """Compatibility path for ``accelerate.utils.dataclasses``; the classes live in `hasten.config`."""
 
-from hasten.config.deepspeed import DeepSpeedPlugin
-from hasten.config.dynamo import TorchDynamoPlugin
+from hasten.config.deepspeed import (
+    DeepSpeedPlugin,
+)
+from hasten.config.dynamo import (
+    TorchDynamoPlugin,
+)
 from hasten.config.enums import (
     ComputeEnvironment,
     CustomDtype,
@@ -13,7 +17,9 @@ from hasten.config.enums import (
     RNGType,
     SageMakerDistributedType,
 )
-from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.config.fsdp import (
+    FullyShardedDataParallelPlugin,
+)
 from hasten.config.kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -22,13 +28,20 @@ from hasten.config.kwargs import (
     KwargsHandler,
     ProfileKwargs,
 )
-from hasten.config.megatron import MegatronLMPlugin
+from hasten.config.megatron import (
+    MegatronLMPlugin,
+)
 from hasten.config.project import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
-from hasten.config.quantization import BnbQuantizationConfig
+from hasten.config.quantization import (
+    BnbQuantizationConfig,
+)
+from hasten.core.nested import (
+    TensorInformation,
+)
 
 __all__ = [
     "AutocastKwargs",
@@ -53,5 +66,6 @@ __all__ = [
     "ProjectConfiguration",
     "RNGType",
     "SageMakerDistributedType",
+    "TensorInformation",
     "TorchDynamoPlugin",
 ]

@@ -1,9 +1,15 @@
 """Compatibility path for ``accelerate.utils.memory``; the code lives in `hasten.platforms.memory`."""
 
 from hasten.platforms.memory import (
+    clear_device_cache,
     find_executable_batch_size,
     release_memory,
     should_reduce_batch_size,
 )
 
-__all__ = ["find_executable_batch_size", "release_memory", "should_reduce_batch_size"]
+__all__ = [
+    "clear_device_cache",
+    "find_executable_batch_size",
+    "release_memory",
+    "should_reduce_batch_size",
+]

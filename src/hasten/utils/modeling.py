@@ -6,8 +6,13 @@ from hasten.big_modeling.device_map import (
     get_max_memory,
     infer_auto_device_map,
 )
-from hasten.big_modeling.loading import load_checkpoint_in_model, load_state_dict
-from hasten.big_modeling.offload import load_offloaded_weights
+from hasten.big_modeling.loading import (
+    load_checkpoint_in_model,
+    load_state_dict,
+)
+from hasten.big_modeling.offload import (
+    load_offloaded_weights,
+)
 from hasten.big_modeling.sizes import (
     calculate_maximum_sizes,
     compute_module_sizes,
@@ -24,8 +29,16 @@ from hasten.big_modeling.tensors import (
     retie_parameters,
     set_module_tensor_to_device,
 )
+from hasten.core.constants import (
+    WEIGHTS_INDEX_NAME,
+)
+from hasten.precision.amp import (
+    get_grad_scaler,
+    get_mixed_precision_context_manager,
+)
 
 __all__ = [
+    "WEIGHTS_INDEX_NAME",
     "calculate_maximum_sizes",
     "check_device_map",
     "check_tied_parameters_on_same_device",
@@ -34,8 +47,10 @@ __all__ = [
     "dtype_byte_size",
     "find_tied_parameters",
     "get_balanced_memory",
+    "get_grad_scaler",
     "get_max_layer_size",
     "get_max_memory",
+    "get_mixed_precision_context_manager",
     "get_module_children_bottom_up",
     "get_non_persistent_buffers",
     "infer_auto_device_map",

@@ -4,9 +4,64 @@ Unwrapping lives in `hasten.strategies.unwrap`, file I/O in `hasten.checkpointin
 `wait_for_everyone` in `hasten.state`, and `write_basic_config` in `hasten.commands.config.default`.
 """
 
-from hasten.checkpointing.io import load, save
-from hasten.commands.config.default import write_basic_config
-from hasten.state import wait_for_everyone
-from hasten.strategies.unwrap import extract_model_from_parallel
+from hasten.big_modeling.tensors import (
+    get_module_children_bottom_up,
+)
+from hasten.checkpointing.io import (
+    load,
+    save,
+)
+from hasten.commands.config.default import (
+    write_basic_config,
+)
+from hasten.core.names import (
+    get_pretty_name,
+    recursive_getattr,
+)
+from hasten.core.nested import (
+    merge_dicts,
+)
+from hasten.core.network import (
+    get_free_port,
+    is_port_in_use,
+)
+from hasten.core.units import (
+    convert_bytes,
+)
+from hasten.platforms.info import (
+    check_os_kernel,
+)
+from hasten.state import (
+    wait_for_everyone,
+)
+from hasten.strategies.unwrap import (
+    extract_model_from_parallel,
+    is_compiled_module,
+)
+from hasten.training.compile import (
+    compile_regions,
+    has_compiled_regions,
+    has_repeated_blocks,
+    is_repeated_blocks,
+)
 
-__all__ = ["extract_model_from_parallel", "load", "save", "wait_for_everyone", "write_basic_config"]
+__all__ = [
+    "check_os_kernel",
+    "compile_regions",
+    "convert_bytes",
+    "extract_model_from_parallel",
+    "get_free_port",
+    "get_module_children_bottom_up",
+    "get_pretty_name",
+    "has_compiled_regions",
+    "has_repeated_blocks",
+    "is_compiled_module",
+    "is_port_in_use",
+    "is_repeated_blocks",
+    "load",
+    "merge_dicts",
+    "recursive_getattr",
+    "save",
+    "wait_for_everyone",
+    "write_basic_config",
+]

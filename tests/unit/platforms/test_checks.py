@@ -87,3 +87,46 @@ def test_mps_min_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.backends.mps, "is_built", lambda: True)
     assert checks.is_mps_available() is True
     assert checks.is_mps_available(min_version="99.0") is False
+
+
+def test_vendor_device_checks_really_probe_and_answer_false_here() -> None:
+    from hasten.platforms import checks
+
+    checks.clear_caches()
+    for check in (
+        checks.is_mlu_available,
+        checks.is_musa_available,
+        checks.is_sdaa_available,
+        checks.is_neuron_available,
+    ):
+        assert check() is False
+        assert check(check_device=True) is False
+    assert checks.is_hpu_available() is False
+    assert checks.is_hpu_available(init_hccl=True) is False
+    assert checks.is_habana_gaudi1() is False
+    assert checks.is_rocm_available() is (
+        torch.version.hip is not None and torch.cuda.is_available()
+    )
+
+
+def test_vendor_check_imports_the_extension_and_asks_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from hasten.platforms import checks
+
+    class FakeDevice:
+        @staticmethod
+        def is_available() -> bool:
+            return True
+
+        @staticmethod
+        def device_count() -> int:
+            raise RuntimeError("no device")
+
+    monkeypatch.setattr(checks, "is_package_available", lambda name: name == "torch_mlu")
+    monkeypatch.setitem(__import__("sys").modules, "torch_mlu", types.ModuleType("torch_mlu"))
+    monkeypatch.setattr(torch, "mlu", FakeDevice, raising=False)
+    checks.clear_caches()
+    assert checks.is_mlu_available() is True
+    assert checks.is_mlu_available(check_device=True) is False
+    checks.clear_caches()

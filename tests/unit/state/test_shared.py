@@ -67,3 +67,39 @@ def test_reset_hooks_run_once_each() -> None:
         assert calls == [1]
     finally:
         _shared._RESET_HOOKS.remove(hook)
+
+
+def test_shared_dict_is_a_plain_dict_without_xla() -> None:
+    from hasten.state import PartialState, SharedDict
+
+    assert SharedDict is dict
+    assert type(PartialState._shared_state) is dict
+
+
+def test_thread_local_shared_dict_gives_each_thread_its_own_dict() -> None:
+    import threading
+
+    from hasten.state import ThreadLocalSharedDict
+
+    class Holder:
+        _shared_state = ThreadLocalSharedDict()
+
+    Holder._shared_state["main"] = 1
+    seen: dict[str, object] = {}
+
+    def worker() -> None:
+        seen["before"] = dict(Holder._shared_state)
+        Holder()._shared_state = {"thread": 2}
+        seen["after"] = dict(Holder._shared_state)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(timeout=30)
+    assert seen == {"before": {}, "after": {"thread": 2}}
+    assert Holder._shared_state == {"main": 1}
+
+
+def test_do_nothing_accepts_anything() -> None:
+    from hasten.state import do_nothing
+
+    assert do_nothing(1, 2, key="value") is None

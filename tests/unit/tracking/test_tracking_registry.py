@@ -167,3 +167,22 @@ def test_register_over_existing_name_warns() -> None:
 def test_tracker_class_unknown_name() -> None:
     with pytest.raises(ValueError, match="Unknown tracker 'nope'"):
         tracker_class("nope")
+
+
+def test_logger_type_to_class_maps_names_to_tracker_classes() -> None:
+    from hasten.tracking import LOGGER_TYPE_TO_CLASS, WandBTracker, register_tracker_class
+    from hasten.tracking.base import GeneralTracker
+
+    assert LOGGER_TYPE_TO_CLASS["wandb"] is WandBTracker
+    assert {"aim", "comet_ml", "mlflow", "tensorboard", "wandb", "clearml", "dvclive"} <= set(
+        LOGGER_TYPE_TO_CLASS
+    )
+    with pytest.raises(KeyError):
+        LOGGER_TYPE_TO_CLASS["no_such_tracker"]
+
+    class Custom(GeneralTracker):
+        name = "custom_table_tracker"
+        requires_logging_directory = False
+
+    register_tracker_class(Custom)
+    assert LOGGER_TYPE_TO_CLASS["custom_table_tracker"] is Custom

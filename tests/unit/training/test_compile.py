@@ -80,3 +80,25 @@ def test_compile_model_follows_plugin() -> None:
     regional = compile_model(Tower(), Plugin(use_regional_compilation=True))
     assert not is_compiled_module(regional)
     assert regional.blocks[0]._compiled_call_impl is not None
+
+
+def test_repeated_block_predicates() -> None:
+    from hasten.training.compile import has_repeated_blocks, is_repeated_blocks
+
+    blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+    assert is_repeated_blocks(blocks)
+    assert not is_repeated_blocks(nn.ModuleList())
+    assert not is_repeated_blocks(nn.ModuleList([nn.Linear(2, 2), nn.ReLU()]))
+    assert not is_repeated_blocks(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))
+    assert has_repeated_blocks(nn.Sequential(nn.ReLU(), blocks))
+    assert not has_repeated_blocks(nn.Sequential(nn.ReLU(), nn.Linear(2, 2)))
+
+
+def test_has_compiled_regions_sees_compiled_submodules_and_regional_compilation() -> None:
+    from hasten.training.compile import has_compiled_regions
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]))
+    assert not has_compiled_regions(model)
+    assert has_compiled_regions(nn.Sequential(torch.compile(nn.Linear(2, 2))))
+    compile_regions(model, backend="eager")
+    assert has_compiled_regions(model)
