@@ -22,6 +22,7 @@ _TABLE: dict[str, list[str]] = {
     "hasten.big_modeling.device_map": ["infer_auto_device_map"],
     "hasten.big_modeling.loading": ["load_checkpoint_in_model"],
     "hasten.data_loader": ["skip_first_batches"],
+    "hasten.inference": ["prepare_pippy"],
     "hasten.launchers": ["debug_launcher", "notebook_launcher"],
     "hasten.config.enums": ["DDPCommunicationHookType", "DistributedType"],
     "hasten.config.kwargs": [
