@@ -125,7 +125,9 @@ def _split_batches_bad_size() -> str:
 @pytest.mark.timeout(60)
 def test_split_batches_needs_a_divisible_batch_size() -> None:
     for message in run_distributed(_split_batches_bad_size, world_size=2):
-        assert "batch size (3) must be a multiple of the number of processes (2)" in message
+        assert (
+            "batch size (3) needs to be a round multiple of the number of processes (2)" in message
+        )
 
 
 def _train_weights() -> list[list[float]]:

@@ -27,6 +27,11 @@ from hasten.checkpointing.state import (
 )
 from hasten.checkpointing.writer import HostBuffers, PendingSave
 from hasten.config.project import ProjectConfiguration
+from hasten.core.errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    NotCheckpointableError,
+)
 
 __all__ = ["CheckpointManager", "check_checkpointable"]
 
@@ -38,7 +43,8 @@ def check_checkpointable(objects: Sequence[Any]) -> None:
     """Refuse objects that cannot be saved and restored.
 
     Raises:
-        TypeError: an object lacks ``state_dict`` or ``load_state_dict`` (all are named).
+        NotCheckpointableError: (a ValueError, as in Accelerate, and a TypeError) an object
+            lacks ``state_dict`` or ``load_state_dict`` (all are named).
     """
     bad = [
         f"item {i} ({type(obj).__name__})"
@@ -47,7 +53,7 @@ def check_checkpointable(objects: Sequence[Any]) -> None:
         or not callable(getattr(obj, "load_state_dict", None))
     ]
     if bad:
-        raise TypeError(
+        raise NotCheckpointableError(
             f"register_for_checkpointing needs objects with state_dict() and "
             f"load_state_dict(); these have not: {', '.join(bad)}. Wrap them in a small class "
             "that provides both."
@@ -95,7 +101,7 @@ class CheckpointManager:
                 )
             target = layout.checkpoint_path(config.project_dir, config.iteration)
             if target.exists():
-                raise FileExistsError(
+                raise CheckpointExistsError(
                     f"Checkpoint folder {target} already exists. Set "
                     "accelerator.project_configuration.iteration to the next free number, or "
                     "remove the folder."
@@ -190,7 +196,7 @@ class CheckpointManager:
             )
         newest = layout.newest_complete_checkpoint(config.project_dir)
         if newest is None:
-            raise FileNotFoundError(
+            raise CheckpointNotFoundError(
                 f"No complete checkpoint under {Path(config.project_dir) / 'checkpoints'}. "
                 "Save one with save_state() first, or pass input_dir."
             )

@@ -41,6 +41,7 @@ from hasten.checkpointing.writer import (
     run_plan,
     safetensors_job,
 )
+from hasten.core.errors import CheckpointNotFoundError
 from hasten.core.nested import recursively_apply
 from hasten.ops.collectives import gather_object
 from hasten.state import PartialState
@@ -244,7 +245,7 @@ def _warn_or_raise(part: str, exc: BaseException, strict: bool) -> None:
 
 def _open_manifest(folder: Path, strict: bool) -> dict[str, Any] | None:
     if not folder.is_dir():
-        raise FileNotFoundError(
+        raise CheckpointNotFoundError(
             f"No checkpoint folder at {folder}. Pass the folder that save_state wrote, or call "
             "load_state() without arguments to load the newest complete automatic checkpoint."
         )
@@ -359,7 +360,8 @@ def load_accelerator_state(
     """Restore ``contents`` from a checkpoint; return the saved attributes (``{"step": ...}``).
 
     Raises:
-        FileNotFoundError: ``input_dir`` does not exist.
+        CheckpointNotFoundError: (a ValueError, as in Accelerate, and a FileNotFoundError)
+            ``input_dir`` does not exist.
         CorruptCheckpointError: partial or damaged checkpoint (names the file).
         ValueError: a different model or a different number of prepared/registered objects.
         RuntimeError: a part (RNG, sampler, scaler, custom object, ...) could not be restored;

@@ -48,10 +48,10 @@ class IterableDatasetShard(IterableDataset[Any]):
     ) -> None:
         if split_batches and batch_size > 1 and batch_size % num_processes != 0:
             raise ValueError(
-                "IterableDatasetShard with split_batches=True needs a batch size that is a "
-                f"multiple of the number of processes; got batch_size={batch_size!r} and "
-                f"num_processes={num_processes!r}. Use a batch size divisible by "
-                f"{num_processes} or set split_batches=False."
+                "To use `IterableDatasetShard` in `split_batches` mode, the batch size "
+                f"({batch_size!r}) needs to be a round multiple of the number of processes "
+                f"({num_processes!r}): each batch is cut into {num_processes} equal parts. Use a "
+                f"batch size divisible by {num_processes} or set split_batches=False."
             )
         self.dataset = dataset
         self.batch_size = batch_size

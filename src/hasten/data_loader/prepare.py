@@ -39,9 +39,10 @@ def _batch_size_for_split(dataloader: DataLoader[Any], num_processes: int) -> No
         )
     if size % num_processes != 0:
         raise ValueError(
-            f"split_batches=True cuts each batch across processes, so the batch size "
-            f"({size!r}) must be a multiple of the number of processes ({num_processes!r}). "
-            f"Use a batch size divisible by {num_processes}, or split_batches=False."
+            f"To use a `DataLoader` in `split_batches` mode, the batch size ({size!r}) needs to "
+            f"be a round multiple of the number of processes ({num_processes!r}): each batch is "
+            f"cut across the processes. Use a batch size divisible by {num_processes}, or "
+            "split_batches=False."
         )
 
 

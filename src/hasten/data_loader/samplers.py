@@ -60,10 +60,10 @@ class SeedableRandomSampler(RandomSampler):
 def _check_split(batch_size: int | None, num_processes: int, what: str) -> None:
     if batch_size is None or batch_size % num_processes != 0:
         raise ValueError(
-            f"{what} with split_batches=True needs a batch size that is a multiple of the "
-            f"number of processes; got batch_size={batch_size!r} and "
-            f"num_processes={num_processes!r}. Use a batch size divisible by {num_processes} "
-            "or set split_batches=False."
+            f"To use `{what}` in `split_batches` mode, the batch size ({batch_size!r}) needs to "
+            f"be a round multiple of the number of processes ({num_processes!r}): each batch is "
+            f"cut into {num_processes} equal parts. Use a batch size divisible by "
+            f"{num_processes} or set split_batches=False."
         )
 
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from hasten.config import envvars
 from hasten.config.enums import DistributedType
+from hasten.core.errors import StateNotInitializedError
 from hasten.platforms.base import Platform
 from hasten.platforms.numa import set_numa_affinity
 from hasten.platforms.registry import current_platform
@@ -324,7 +325,7 @@ class PartialState(SharedState):
     def on_main_process(self, function: F | None = None) -> Any:
         """Decorate `function` to run only on the main process (also as ``on_main_process()``)."""
         if not self.initialized:
-            raise RuntimeError(
+            raise StateNotInitializedError(
                 "PartialState.on_main_process was used before the state was set up; create "
                 "PartialState() or Accelerator() first."
             )

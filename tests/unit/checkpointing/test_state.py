@@ -184,7 +184,7 @@ def test_different_number_of_registered_objects(tmp_path: Path) -> None:
 
 
 def test_missing_folder_and_partial_checkpoint(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="No checkpoint folder"):
+    with pytest.raises(ValueError, match="No checkpoint folder"):
         load_accelerator_state(tmp_path / "nope", CheckpointContents())
     model, opt, sched, counter = _setup(0)
     save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
@@ -264,7 +264,7 @@ def test_manager_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="No complete checkpoint"):
         auto.load_state(None, CheckpointContents())
     (tmp_path / "checkpoints" / "checkpoint_0").mkdir(parents=True)
-    with pytest.raises(FileExistsError, match="already exists"):
+    with pytest.raises(ValueError, match="already exists"):
         auto.save_state(None, CheckpointContents(), [], step=0)
     auto.project_config.total_limit = 0  # changed after the configuration was validated
     with pytest.raises(ValueError, match=r"total_limit=0 would delete every checkpoint"):

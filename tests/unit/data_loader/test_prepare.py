@@ -76,7 +76,8 @@ def test_split_batches() -> None:
 
 def test_split_batches_needs_a_divisible_batch_size() -> None:
     with pytest.raises(
-        ValueError, match=r"batch size \(3\) must be a multiple of the number of processes \(2\)"
+        ValueError,
+        match=r"batch size \(3\) needs to be a round multiple of the number of processes \(2\)",
     ):
         prepare_data_loader(
             DataLoader(torch.arange(8.0), batch_size=3),

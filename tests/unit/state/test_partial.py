@@ -229,7 +229,7 @@ def test_decorators_choose_processes(index: int, local: int, runs: set[str]) -> 
 def test_on_main_process_needs_a_state() -> None:
     state = PartialState()
     reset_state()
-    with pytest.raises(RuntimeError, match=r"before the state was set up.*PartialState\(\)"):
+    with pytest.raises(ValueError, match=r"before the state was set up.*PartialState\(\)"):
         state.on_main_process(print)
 
 
