@@ -31,14 +31,18 @@ from hasten.checkpointing import io as checkpoint_io
 from hasten.checkpointing.model import saves_model_in_mesh
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
-from hasten.config.enums import PrecisionType
+from hasten.config.enums import FP8BackendType, PrecisionType
 from hasten.config.kwargs import (
+    AORecipeKwargs,
     AutocastKwargs,
     DistributedDataParallelKwargs,
+    FP8RecipeKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    MSAMPRecipeKwargs,
     ProfileKwargs,
+    TERecipeKwargs,
 )
 from hasten.config.project import (
     DataLoaderConfiguration,
@@ -50,6 +54,7 @@ from hasten.data_loader import skip_first_batches as skip_batches
 from hasten.ops import collectives
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.platforms.memory import release_memory
+from hasten.precision.fp8 import fp8_backend_from_env
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.strategies import DDPStrategy, Strategy, select_strategy
@@ -77,7 +82,18 @@ _HANDLER_SLOTS: dict[type[KwargsHandler], str] = {
     InitProcessGroupKwargs: "init_handler",
     AutocastKwargs: "autocast_handler",
     ProfileKwargs: "profile_handler",
+    # FP8RecipeKwargs subclasses the TE and MS-AMP recipes: it must be matched first.
+    FP8RecipeKwargs: "fp8_recipe_handler",
+    AORecipeKwargs: "ao_recipe_handler",
+    TERecipeKwargs: "te_recipe_handler",
+    MSAMPRecipeKwargs: "msamp_recipe_handler",
 }
+_FP8_SLOTS = (
+    "fp8_recipe_handler",
+    "ao_recipe_handler",
+    "te_recipe_handler",
+    "msamp_recipe_handler",
+)
 
 
 def _sort_handlers(handlers: Sequence[KwargsHandler] | None) -> dict[str, KwargsHandler]:
@@ -98,6 +114,12 @@ def _sort_handlers(handlers: Sequence[KwargsHandler] | None) -> dict[str, Kwargs
                 "with all its settings."
             )
         found[slot] = handler
+    recipes = [type(found[slot]).__name__ for slot in _FP8_SLOTS if slot in found]
+    if len(recipes) > 1:
+        raise ValueError(
+            f"Several fp8 recipes were passed in kwargs_handlers ({', '.join(recipes)}); pass "
+            "only the one of the fp8 backend you train with."
+        )
     return found
 
 
@@ -262,6 +284,8 @@ class Accelerator:
         self.init_handler: Any = handlers.get("init_handler")
         self.autocast_handler: Any = handlers.get("autocast_handler")
         self.profile_handler: Any = handlers.get("profile_handler")
+        for slot in _FP8_SLOTS:
+            setattr(self, slot, handlers.get(slot))
         self.torch_tp_plugin = torch_tp_plugin
         self.parallelism_config = parallelism_config
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
@@ -305,7 +329,11 @@ class Accelerator:
             parallelism_config=self.parallelism_config,
         )
         self.precision = self.strategy.select_precision(
-            self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler
+            self.state.mixed_precision,
+            self.device,
+            self.autocast_handler,
+            self.scaler_handler,
+            fp8_recipe=self._fp8_recipe,
         )
         self.scaler = self.precision.scaler
         self.native_amp = self.precision.native_amp
@@ -387,6 +415,21 @@ class Accelerator:
     def mixed_precision(self) -> str:
         """The active mixed-precision mode ("no", "fp16", "bf16" or "fp8")."""
         return str(self.state.mixed_precision)
+
+    @property
+    def _fp8_recipe(self) -> Any:
+        return next((getattr(self, s) for s in _FP8_SLOTS if getattr(self, s) is not None), None)
+
+    @property
+    def fp8_enabled(self) -> bool:
+        """Whether this run trains in fp8 (mixed_precision="fp8")."""
+        return self.mixed_precision == "fp8"
+
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The fp8 library in use (AO, TE or MSAMP); otherwise what ACCELERATE_FP8_BACKEND names."""
+        backend = getattr(self.precision, "backend", None)
+        return backend if backend is not None else fp8_backend_from_env()
 
     @property
     def deepspeed_plugin(self) -> Any:
@@ -519,6 +562,7 @@ class Accelerator:
             placements = list(device_placement)
         self._check_unique(args)
         self.strategy.check_usable()
+        args = tuple(self.precision.prepare_together(list(args)))
         result = list(args)
         kinds = [_kind(obj) for obj in args]
         models = [obj for obj, kind in zip(args, kinds) if kind == "model"]

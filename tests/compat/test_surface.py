@@ -35,7 +35,7 @@ CHECKED_GROUPS = {
     "deepspeed": False,  # DeepSpeed engine issue
     "fsdp": False,  # FSDP engine issue
     "parallelism": False,  # TP/CP engine issue
-    "fp8": False,  # helper `fp8` (issue 10) with the FP8 engine
+    "fp8": True,
     "megatron": False,  # helper `fp8` (issue 10) with Megatron-LM
 }
 
@@ -156,12 +156,6 @@ PENDING: frozenset[str] = frozenset(
         "hasten.utils.operations.verify_operation",
         "hasten.utils.other.TORCH_SAFE_GLOBALS",
         "hasten.utils.other.clean_state_dict_for_safetensors",
-        # helper `fp8` (issue 10): utils.ao, utils.convert_model, filter_first_and_last_linear_layers
-        "hasten.utils.convert_model",
-        "hasten.utils.filter_first_and_last_linear_layers",
-        "hasten.utils.ao.filter_first_and_last_linear_layers",
-        "hasten.utils.ao.filter_linear_layers",
-        "hasten.utils.ao.find_first_last_linear_layers",
     }
 )
 

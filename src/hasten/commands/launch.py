@@ -15,7 +15,7 @@ from hasten.commands.config.config_args import default_config_path, load_config_
 from hasten.config import envvars
 from hasten.config.enums import DynamoBackend, PrecisionType
 from hasten.launchers.elastic import run
-from hasten.launchers.env import plugin_env, worker_env
+from hasten.launchers.env import plugin_env, setup_fp8_env, worker_env
 from hasten.launchers.plan import RDZV_BACKENDS, SETTINGS, LaunchPlan, build_plan, resolve_settings
 from hasten.launchers.slurm import slurm_topology
 
@@ -153,6 +153,43 @@ def _add_training_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_fp8_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "fp8 training (with --mixed_precision fp8)", "Each given flag sets its ACCELERATE_FP8_*."
+    )
+    group.add_argument(
+        "--fp8_backend",
+        type=str.lower,
+        choices=["ao", "te", "msamp"],
+        help="fp8 library: ao (torchao), te (TransformerEngine), msamp (MS-AMP).",
+    )
+    group.add_argument(
+        "--fp8_use_autocast_during_eval",
+        action="store_true",
+        default=None,
+        help="TE: keep fp8 autocast in evaluation.",
+    )
+    group.add_argument("--fp8_margin", type=int, help="TE: scaling-factor margin (default 0).")
+    group.add_argument("--fp8_interval", type=int, help="TE: scaling update interval (default 1).")
+    group.add_argument(
+        "--fp8_format", type=str.upper, choices=["HYBRID", "E4M3", "E5M2"], help="TE fp8 format."
+    )
+    group.add_argument("--fp8_amax_history_len", type=int, help="TE: amax history (default 1024).")
+    group.add_argument(
+        "--fp8_amax_compute_algo",
+        type=str.lower,
+        choices=["max", "most_recent"],
+        help="TE: how amax is taken from its history.",
+    )
+    group.add_argument(
+        "--fp8_override_linear_precision",
+        help="TE: fprop,dgrad,wgrad GEMMs kept in higher precision, e.g. false,false,true.",
+    )
+    group.add_argument(
+        "--fp8_opt_level", type=str.upper, choices=["O1", "O2"], help="MS-AMP optimisation level."
+    )
+
+
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """Return the ``hasten launch`` parser (added to `subparsers` when given)."""
     kwargs: dict[str, Any] = {
@@ -168,6 +205,7 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     parser.add_argument("--config_file", help="Config file to use (YAML or JSON).")
     _add_topology_flags(parser)
     _add_training_flags(parser)
+    _add_fp8_flags(parser)
     command = parser.add_argument_group("Command")
     command.add_argument(
         "-m", "--module", action="store_true", help="Run the script as a module (python -m script)."
@@ -235,4 +273,7 @@ def launch_command(args: argparse.Namespace, *, replace_process: bool = True) ->
     """Run ``hasten launch`` with parsed `args`; return the exit code of the job."""
     plan, config = plan_from_args(args)
     env = worker_env(plan, plugin_values=plugin_env(config or {}))
+    # --fp8_* flags beat fp8_config (flags > environment > config file); --env still wins.
+    setup_fp8_env(args, env)
+    env.update(dict(plan.extra_env))
     return run(plan, env, replace_process=replace_process)

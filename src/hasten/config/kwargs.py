@@ -26,6 +26,7 @@ __all__ = [
     "AORecipeKwargs",
     "AutocastKwargs",
     "DistributedDataParallelKwargs",
+    "FP8Format",
     "FP8RecipeKwargs",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
@@ -434,6 +435,8 @@ def _fp8(suffix: str) -> Any:
 
 
 _FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
+#: The fp8 formats a TransformerEngine recipe accepts (Accelerate's type alias).
+FP8Format = Literal["HYBRID", "E4M3", "E5M2"]
 _AMAX_ALGOS = ("max", "most_recent")
 _OPT_LEVELS = ("O1", "O2")
 _FP8_BACKENDS = ("MSAMP", "TE")

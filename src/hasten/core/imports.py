@@ -64,6 +64,7 @@ __all__ = [
     "is_tqdm_available",
     "is_trackio_available",
     "is_transformer_engine_available",
+    "is_transformer_engine_mxfp8_available",
     "is_transformers_available",
     "is_triton_available",
     "is_wandb_available",
@@ -327,6 +328,15 @@ def is_transformer_engine_available() -> bool:
     return _available("transformer_engine")
 
 
+def is_transformer_engine_mxfp8_available() -> bool:
+    """Return whether TransformerEngine is installed and this GPU supports its MXFP8 recipe."""
+    if not is_transformer_engine_available():
+        return False
+    # optional: transformer_engine (asks the GPU, so only when the package is there)
+    fp8 = importlib.import_module("transformer_engine.pytorch.fp8")
+    return bool(fp8.check_mxfp8_support()[0])
+
+
 def is_transformers_available() -> bool:
     """Return whether Hugging Face `transformers` is installed."""
     return _available("transformers")
@@ -408,4 +418,4 @@ def deepspeed_required(func: F) -> F:
 
 def torchao_required(func: F) -> F:
     """Decorate `func` so calling it without torchao raises an ImportError with the fix."""
-    return _requiring("torchao", None)(func)
+    return _requiring("torchao", "fp8")(func)

@@ -7,6 +7,7 @@ The names are the ``ACCELERATE_*`` variables that `PartialState` and the plugins
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -15,7 +16,7 @@ from hasten.config import envvars
 from hasten.config.enums import enum_value
 from hasten.launchers.plan import LaunchPlan
 
-__all__ = ["apply_worker_env", "plugin_env", "worker_env"]
+__all__ = ["apply_worker_env", "plugin_env", "setup_fp8_env", "worker_env"]
 
 # distributed_type in a config file -> the flag variable that switches the engine on.
 _ENGINE_FLAGS = {
@@ -36,7 +37,10 @@ _SECTIONS = {
     "fsdp_config": ("fsdp_", "FSDP_"),
     "deepspeed_config": ("", "ACCELERATE_DEEPSPEED_"),
     "megatron_lm_config": ("megatron_lm_", "MEGATRON_LM_"),
+    "fp8_config": ("fp8_", "ACCELERATE_FP8_"),
 }
+# The three "keep this GEMM in higher precision" flags of override_linear_precision.
+_FP8_OVERRIDES = ("FPROP", "DGRAD", "WGRAD")
 
 
 def _text(value: Any) -> str:
@@ -61,10 +65,43 @@ def plugin_env(config: Mapping[str, Any]) -> dict[str, str]:
         values[flag] = "true"
     for section, (strip, prefix) in _SECTIONS.items():
         for key, value in (config.get(section) or {}).items():
+            if key.removeprefix(strip) == "override_linear_precision" and value is not None:
+                values.update(_fp8_overrides(value))
+                continue
             name = _RENAMED.get(key) or prefix + key.removeprefix(strip).upper()
             if value is not None and name in envvars.ENV_VARS:
                 values[name] = _text(value)
     return values
+
+
+def _fp8_overrides(value: Any) -> dict[str, str]:
+    flags = [str(item).strip() for item in (value.split(",") if isinstance(value, str) else value)]
+    if len(flags) != 3:
+        raise ValueError(
+            f"fp8 override_linear_precision={value!r} must be three booleans (fprop, dgrad, "
+            "wgrad), e.g. --fp8_override_linear_precision false,false,true"
+        )
+    return {
+        f"ACCELERATE_FP8_OVERRIDE_{gemm}": _text(flag) for gemm, flag in zip(_FP8_OVERRIDES, flags)
+    }
+
+
+def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str, str]:
+    """Put the ``--fp8_*`` launch flags that were given into ``current_env`` and return it.
+
+    ``--fp8_backend ao`` becomes ``ACCELERATE_FP8_BACKEND=AO``, ``--fp8_format E4M3``
+    ``ACCELERATE_FP8_FORMAT=E4M3``; the precision override triple becomes three variables.
+    """
+    for name, value in sorted(vars(args).items()):
+        if not name.startswith("fp8_") or value is None:
+            continue
+        if name == "fp8_override_linear_precision":
+            current_env.update(_fp8_overrides(value))
+        elif name == "fp8_backend":
+            current_env["ACCELERATE_FP8_BACKEND"] = str(value).upper()
+        else:
+            current_env[f"ACCELERATE_{name.upper()}"] = _text(value)
+    return current_env
 
 
 def _default_threads(plan: LaunchPlan, environ: Mapping[str, str]) -> int | None:

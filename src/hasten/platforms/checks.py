@@ -17,6 +17,7 @@ from hasten.core.imports import is_package_available
 from hasten.core.versions import is_torch_version
 
 __all__ = [
+    "check_cuda_fp8_capability",
     "clear_caches",
     "is_bf16_available",
     "is_cuda_available",
@@ -212,6 +213,16 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
         check = getattr(torch.backends.mps, "is_macos_or_newer", None)
         return bool(check(14, 0)) if check is not None else False
     return True
+
+
+def check_cuda_fp8_capability() -> bool:
+    """Return whether the current CUDA GPU has fp8 matmuls (compute capability 8.9+).
+
+    False when CUDA is not available (Accelerate's version fails there instead).
+    """
+    if not is_cuda_available():
+        return False
+    return tuple(torch.cuda.get_device_capability()) >= (8, 9)
 
 
 def is_fp16_available() -> bool:

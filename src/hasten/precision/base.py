@@ -48,6 +48,11 @@ class Precision:
                 model.forward = original
         return model
 
+    def prepare_together(self, objects: list[Any]) -> list[Any]:
+        """Transform the objects of one prepare() call that the policy must see together
+        (MS-AMP casts a model and its optimizer at once); here: unchanged."""
+        return objects
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backpropagate ``loss``."""
         loss.backward(**kwargs)

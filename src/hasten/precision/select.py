@@ -14,6 +14,7 @@ from hasten.core.versions import is_torch_version
 from hasten.platforms.checks import is_bf16_available
 from hasten.precision.amp import AmpPrecision, make_grad_scaler
 from hasten.precision.base import Precision
+from hasten.precision.fp8 import select_fp8
 
 __all__ = ["FP16_DEVICE_TYPES", "MIXED_PRECISION_CHOICES", "select_precision"]
 
@@ -68,6 +69,7 @@ def select_precision(
     scaler_kwargs: Any = None,
     distributed_type: Any = None,
     engine_managed: bool = False,
+    fp8_recipe: Any = None,
 ) -> Precision:
     """Return the precision policy for a run.
 
@@ -80,19 +82,26 @@ def select_precision(
         distributed_type: the run's `DistributedType` (FSDP gets a sharded grad scaler).
         engine_managed: the strategy's engine (DeepSpeed, Megatron-LM) handles precision
             itself; the policy then only carries the label.
+        fp8_recipe: the fp8 recipe handler (`AORecipeKwargs`, `TERecipeKwargs`, ...), if any.
 
     Raises:
-        ValueError: an unknown value, fp8 (not available yet), or a precision the device
-            does not support.
+        ValueError: an unknown value, a precision the device does not support, an fp8 recipe
+            without mixed_precision='fp8' or for another backend than the selected one.
+        ImportError: fp8 without its backend's package.
     """
     value = _normalise(mixed_precision)
-    if engine_managed or value == "no":
+    if engine_managed:
         return Precision(value)
-    if value == "fp8":
+    if fp8_recipe is not None and value != "fp8":
         raise ValueError(
-            "mixed_precision='fp8' needs an fp8 backend (TransformerEngine, torchao or MS-AMP), "
-            "which hasten does not provide yet; use mixed_precision='bf16'."
+            f"An fp8 recipe ({type(fp8_recipe).__name__}) was passed in kwargs_handlers but "
+            f"mixed_precision is {value!r}; pass mixed_precision='fp8' (or --mixed_precision fp8) "
+            "to train in fp8, or drop the recipe."
         )
+    if value == "fp8":
+        return select_fp8(device, fp8_recipe, autocast_kwargs)
+    if value == "no":
+        return Precision(value)
     device_type = torch.device(device).type
     _check_device(value, device_type)
     scaler = None

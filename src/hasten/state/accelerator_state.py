@@ -17,7 +17,6 @@ import torch
 
 from hasten.config import envvars
 from hasten.config.enums import DistributedType, DynamoBackend, PrecisionType, enum_value
-from hasten.core.imports import is_package_available
 from hasten.state._shared import SharedState
 from hasten.state.engine import EngineChoice, resolve_engine
 from hasten.state.partial import PartialState
@@ -28,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_FP8_PACKAGES = ("transformer_engine", "msamp", "torchao")
 
 # Copied from PartialState at set-up: fixed for the life of the state, read as plain attributes.
 _COPIED = (
@@ -71,22 +69,6 @@ def _validate_mixed_precision(mixed_precision: str | None) -> str:
             "(e.g. Accelerator(mixed_precision='bf16') or ACCELERATE_MIXED_PRECISION=bf16)."
         )
     return value
-
-
-def _check_fp8(device: torch.device) -> str:
-    if not any(is_package_available(name) for name in _FP8_PACKAGES):
-        raise ImportError(
-            "mixed_precision='fp8' needs an fp8 library, and none of transformer_engine, msamp "
-            "or torchao is installed. Fix: pip install torchao (or transformer-engine / ms-amp)."
-        )
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        logger.warning(
-            "This GPU (compute capability %s) cannot train in fp8 (needs 8.9+, Ada/Hopper); "
-            "using fp16 instead.",
-            torch.cuda.get_device_capability(device),
-        )
-        return "fp16"
-    return "fp8"
 
 
 def _call_if_present(plugin: Any, method: str, *args: Any, **kwargs: Any) -> None:
@@ -172,8 +154,6 @@ class AcceleratorState(SharedState):
             setattr(self, name, getattr(partial, name))
         self._partial = partial
         self._cpu = cpu
-        if mixed_precision == "fp8":
-            mixed_precision = _check_fp8(partial.device)
         self.dynamo_plugin = plugins["dynamo_plugin"]
         self.torch_tp_plugin = plugins["torch_tp_plugin"]
         self.parallelism_config = plugins["parallelism_config"]

@@ -55,11 +55,22 @@ class Strategy:
     # ------------------------------------------------------------------ set-up (once)
 
     def select_precision(
-        self, mixed_precision: Any, device: torch.device, autocast_kwargs: Any, scaler_kwargs: Any
+        self,
+        mixed_precision: Any,
+        device: torch.device,
+        autocast_kwargs: Any,
+        scaler_kwargs: Any,
+        *,
+        fp8_recipe: Any = None,
     ) -> Precision:
-        """Choose the precision policy (default: autocast, plus a GradScaler under fp16)."""
+        """Choose the precision policy (default: autocast, plus a GradScaler under fp16;
+        fp8 through the recipe's backend)."""
         return select_precision(
-            mixed_precision, device, autocast_kwargs=autocast_kwargs, scaler_kwargs=scaler_kwargs
+            mixed_precision,
+            device,
+            autocast_kwargs=autocast_kwargs,
+            scaler_kwargs=scaler_kwargs,
+            fp8_recipe=fp8_recipe,
         )
 
     def prepare_module(

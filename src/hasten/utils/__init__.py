@@ -74,6 +74,7 @@ _TABLE: dict[str, list[str]] = {
         "is_tqdm_available",
         "is_trackio_available",
         "is_transformer_engine_available",
+        "is_transformer_engine_mxfp8_available",
         "is_transformers_available",
         "is_triton_available",
         "is_wandb_available",
@@ -158,6 +159,7 @@ _TABLE: dict[str, list[str]] = {
     ],
     "hasten.config.quantization": ["BnbQuantizationConfig"],
     "hasten.platforms.checks": [
+        "check_cuda_fp8_capability",
         "is_bf16_available",
         "is_cuda_available",
         "is_fp16_available",
@@ -201,6 +203,17 @@ _TABLE: dict[str, list[str]] = {
     "hasten.ops.random": ["set_seed", "synchronize_rng_state", "synchronize_rng_states"],
     "hasten.state": ["is_initialized", "wait_for_everyone"],
     "hasten.precision.amp": ["get_grad_scaler", "get_mixed_precision_context_manager"],
+    "hasten.precision.ao": [
+        "convert_model_to_fp8_ao",
+        "filter_first_and_last_linear_layers",
+        "has_ao_layers",
+    ],
+    "hasten.precision.transformer_engine": [
+        "apply_fp8_autowrap",
+        "contextual_fp8_autocast",
+        "convert_model",
+        "has_transformer_engine_layers",
+    ],
     "hasten.strategies.unwrap": ["extract_model_from_parallel", "is_compiled_module"],
     "hasten.training.compile": [
         "compile_regions",
@@ -295,17 +308,6 @@ _PENDING: dict[str, list[str]] = {
         "TorchTensorParallelPlugin",
         "get_model_tp_size",
         "model_has_dtensor",
-    ],
-    "FP8 training (TransformerEngine / torchao)": [
-        "ao",
-        "apply_fp8_autowrap",
-        "check_cuda_fp8_capability",
-        "contextual_fp8_autocast",
-        "convert_model_to_fp8_ao",
-        "has_ao_layers",
-        "has_transformer_engine_layers",
-        "is_transformer_engine_mxfp8_available",
-        "transformer_engine",
     ],
     "the Megatron-LM engine": [
         "AbstractTrainStep",

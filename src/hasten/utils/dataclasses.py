@@ -12,6 +12,7 @@ from hasten.config.enums import (
     DDPCommunicationHookType,
     DistributedType,
     DynamoBackend,
+    FP8BackendType,
     LoggerType,
     PrecisionType,
     RNGType,
@@ -21,12 +22,17 @@ from hasten.config.fsdp import (
     FullyShardedDataParallelPlugin,
 )
 from hasten.config.kwargs import (
+    AORecipeKwargs,
     AutocastKwargs,
     DistributedDataParallelKwargs,
+    FP8Format,
+    FP8RecipeKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    MSAMPRecipeKwargs,
     ProfileKwargs,
+    TERecipeKwargs,
 )
 from hasten.config.megatron import (
     MegatronLMPlugin,
@@ -44,6 +50,7 @@ from hasten.core.nested import (
 )
 
 __all__ = [
+    "AORecipeKwargs",
     "AutocastKwargs",
     "BnbQuantizationConfig",
     "ComputeEnvironment",
@@ -54,18 +61,23 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
+    "FP8BackendType",
+    "FP8Format",
+    "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LoggerType",
+    "MSAMPRecipeKwargs",
     "MegatronLMPlugin",
     "PrecisionType",
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
     "SageMakerDistributedType",
+    "TERecipeKwargs",
     "TensorInformation",
     "TorchDynamoPlugin",
 ]

@@ -16,6 +16,9 @@ from hasten.core.environment import (
     purge_accelerate_environment,
     str_to_bool,
 )
+from hasten.platforms.checks import (
+    check_cuda_fp8_capability,
+)
 from hasten.platforms.info import (
     check_cuda_p2p_ib_support,
     get_current_device_type,
@@ -30,6 +33,7 @@ from hasten.platforms.numa import (
 __all__ = [
     "CPUInformation",
     "are_libraries_initialized",
+    "check_cuda_fp8_capability",
     "check_cuda_p2p_ib_support",
     "clear_environment",
     "convert_dict_to_env_variables",

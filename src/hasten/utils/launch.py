@@ -7,7 +7,7 @@ map onto `build_plan` + `worker_env`.
 
 from hasten.launchers import debug_launcher, notebook_launcher
 from hasten.launchers.elastic import launch_config, script_command, worker_command
-from hasten.launchers.env import apply_worker_env, worker_env
+from hasten.launchers.env import apply_worker_env, setup_fp8_env, worker_env
 from hasten.launchers.install import install_xla
 from hasten.launchers.plan import LaunchPlan, build_plan, resolve_settings
 from hasten.launchers.slurm import expand_nodelist, slurm_topology
@@ -23,6 +23,7 @@ __all__ = [
     "notebook_launcher",
     "resolve_settings",
     "script_command",
+    "setup_fp8_env",
     "slurm_topology",
     "worker_command",
     "worker_env",

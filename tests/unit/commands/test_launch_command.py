@@ -214,3 +214,26 @@ def test_device_count_skips_torch_without_device_nodes(monkeypatch: pytest.Monke
     monkeypatch.setattr("hasten.platforms.registry.current_platform", lambda: fake)
     monkeypatch.setattr(launch, "_DEVICE_NODES", ("/",))
     assert launch._count_devices() == 8
+
+
+def test_fp8_flags_reach_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(launch, "run", lambda plan, env, replace_process=True: seen.update(env=env))
+    args = _parse(
+        "--cpu", "--mixed_precision", "fp8", "--fp8_backend", "te", "--fp8_format", "e4m3",
+        "--fp8_amax_history_len", "32", "--env", "ACCELERATE_FP8_MARGIN=2", "t.py",
+    )  # fmt: skip
+    launch_command(args, replace_process=False)
+    env = seen["env"]
+    assert env["ACCELERATE_MIXED_PRECISION"] == "fp8"
+    assert env["ACCELERATE_FP8_BACKEND"] == "TE"
+    assert env["ACCELERATE_FP8_FORMAT"] == "E4M3"
+    assert env["ACCELERATE_FP8_AMAX_HISTORY_LEN"] == "32"
+    assert env["ACCELERATE_FP8_MARGIN"] == "2"  # --env is applied last
+    assert "ACCELERATE_FP8_OPT_LEVEL" not in env  # not given: the worker's default applies
+
+
+def test_bad_fp8_backend_flag_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--fp8_backend", "fast", "t.py")
+    assert "invalid choice: 'fast'" in capsys.readouterr().err

@@ -259,7 +259,7 @@ def test_required_decorators(monkeypatch: pytest.MonkeyPatch) -> None:
         match=r"test_required_decorators.<locals>.engine\(\) requires 'deepspeed'.*hasten\[deepspeed\]",
     ):
         engine(1)
-    with pytest.raises(ImportError, match=r"requires 'torchao'.*pip install 'torchao'"):
+    with pytest.raises(ImportError, match=r"requires 'torchao'.*pip install 'hasten\[fp8\]'"):
         quantize()
     monkeypatch.setattr(imports, "is_package_available", lambda name, min_version=None: True)
     monkeypatch.setattr(imports.importlib, "import_module", lambda name: types.ModuleType(name))

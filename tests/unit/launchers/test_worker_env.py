@@ -90,3 +90,52 @@ def test_apply_worker_env_writes_the_process_environment(monkeypatch: pytest.Mon
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     apply_worker_env({"ACCELERATE_MIXED_PRECISION": "fp16"})
     assert envvars.read("ACCELERATE_MIXED_PRECISION") == "fp16"
+
+
+def test_fp8_config_section_becomes_fp8_variables() -> None:
+    config = {
+        "fp8_config": {
+            "backend": "TE",
+            "fp8_format": "E4M3",
+            "amax_history_len": 16,
+            "override_linear_precision": [False, False, True],
+            "opt_level": "O1",
+            "not_a_setting": 3,
+        }
+    }
+    assert plugin_env(config) == {
+        "ACCELERATE_FP8_BACKEND": "TE",
+        "ACCELERATE_FP8_FORMAT": "E4M3",
+        "ACCELERATE_FP8_AMAX_HISTORY_LEN": "16",
+        "ACCELERATE_FP8_OVERRIDE_FPROP": "False",
+        "ACCELERATE_FP8_OVERRIDE_DGRAD": "False",
+        "ACCELERATE_FP8_OVERRIDE_WGRAD": "True",
+        "ACCELERATE_FP8_OPT_LEVEL": "O1",
+    }
+
+
+def test_setup_fp8_env_sets_only_given_flags() -> None:
+    import argparse
+
+    from hasten.launchers.env import setup_fp8_env
+
+    args = argparse.Namespace(
+        fp8_backend="ao",
+        fp8_margin=None,
+        fp8_format="E5M2",
+        fp8_use_autocast_during_eval=True,
+        fp8_override_linear_precision="false,true,false",
+        mixed_precision="fp8",
+    )
+    env = setup_fp8_env(args, {"KEEP": "1"})
+    assert env == {
+        "KEEP": "1",
+        "ACCELERATE_FP8_BACKEND": "AO",
+        "ACCELERATE_FP8_FORMAT": "E5M2",
+        "ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL": "true",
+        "ACCELERATE_FP8_OVERRIDE_FPROP": "false",
+        "ACCELERATE_FP8_OVERRIDE_DGRAD": "true",
+        "ACCELERATE_FP8_OVERRIDE_WGRAD": "false",
+    }
+    with pytest.raises(ValueError, match=r"must be three booleans"):
+        setup_fp8_env(argparse.Namespace(fp8_override_linear_precision="true"), {})

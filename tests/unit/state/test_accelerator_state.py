@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from hasten.config.enums import DistributedType, DynamoBackend
-from hasten.core.imports import is_package_available
 from hasten.state import AcceleratorState, PartialState, is_initialized
 
 
@@ -80,13 +79,9 @@ def test_asking_for_cpu_after_an_accelerator_is_an_error() -> None:
         AcceleratorState(cpu=True)
 
 
-@pytest.mark.skipif(
-    any(is_package_available(p) for p in ("transformer_engine", "msamp", "torchao")),
-    reason="an fp8 library is installed",
-)
-def test_fp8_without_a_library_names_the_install() -> None:
-    with pytest.raises(ImportError, match="pip install torchao"):
-        make(mixed_precision="fp8")
+def test_fp8_is_kept_as_asked() -> None:
+    # The backend, its package and the hardware are checked by precision.select (one place).
+    assert make(mixed_precision="fp8").mixed_precision == "fp8"
 
 
 def test_deepspeed_plugin_owns_precision(monkeypatch: pytest.MonkeyPatch) -> None:
