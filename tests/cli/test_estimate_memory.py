@@ -38,14 +38,14 @@ def test_rows_per_dtype() -> None:
 
 def test_create_empty_model_refuses_what_it_cannot_build_locally(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="never downloads"):
-        create_empty_model("gpt2")
+        create_empty_model("gpt2", None)
     with pytest.raises(ValueError, match="never downloads"):
-        create_empty_model(str(tmp_path))
+        create_empty_model(str(tmp_path), None)
     (tmp_path / "notmodel.py").write_text("def build():\n    return 3\n")
     sys.path.insert(0, str(tmp_path))
     try:
         with pytest.raises(TypeError, match="not a torch.nn.Module"):
-            create_empty_model("notmodel:build")
+            create_empty_model("notmodel:build", None)
     finally:
         sys.path.remove(str(tmp_path))
 
@@ -55,7 +55,7 @@ def test_config_folder_is_built_on_meta(tmp_path: Path) -> None:
     transformers.GPT2Config(
         n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64
     ).save_pretrained(tmp_path)
-    model = create_empty_model(str(tmp_path))
+    model = create_empty_model(str(tmp_path), None)
     assert all(p.is_meta for p in model.parameters())
     parser = estimate_command_parser()
     args = parser.parse_args([str(tmp_path), "--dtypes", "float16"])

@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from hasten.commands.utils import CustomArgumentParser
+
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # subcommand -> module exposing register(subparsers). Add a row to add a command.
@@ -20,8 +22,10 @@ COMMANDS: dict[str, str] = {
     "env": "hasten.commands.env",
     "estimate-memory": "hasten.commands.estimate",
     "launch": "hasten.commands.launch",
+    "merge-weights": "hasten.commands.merge",
     "plot": "hasten.commands.plot",
     "test": "hasten.commands.test",
+    "tpu-config": "hasten.commands.tpu",
 }
 
 # Errors from bad user input that deserve one clear line rather than a traceback.
@@ -31,7 +35,10 @@ _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, ImportError, RuntimeEr
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Return the ``hasten`` parser with every subcommand, or only `only` (faster)."""
     parser = argparse.ArgumentParser("hasten", allow_abbrev=False)
-    subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
+    # Every subcommand accepts --a-b for each --a_b flag, as Accelerate's commands do.
+    subparsers = parser.add_subparsers(
+        title="commands", dest="command", metavar="<command>", parser_class=CustomArgumentParser
+    )
     for name, module_name in COMMANDS.items():
         if only is not None and name != only:
             continue

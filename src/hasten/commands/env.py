@@ -16,7 +16,14 @@ from hasten.commands.config.config_args import default_config_path, load_config_
 from hasten.config import envvars
 from hasten.launchers.plan import resolve_settings
 
-__all__ = ["collect_report", "env_command", "env_command_parser", "format_report", "register"]
+__all__ = [
+    "collect_report",
+    "env_command",
+    "env_command_parser",
+    "format_report",
+    "main",
+    "register",
+]
 
 
 def _versions() -> dict[str, str]:
@@ -112,3 +119,12 @@ def env_command(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``hasten env`` to the ``hasten`` command table."""
     env_command_parser(subparsers)
+
+
+def main() -> int:
+    """Run ``hasten env`` with the command line (``python -m hasten.commands.env``)."""
+    return env_command(env_command_parser().parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,17 +17,25 @@ from torch import nn
 
 from hasten.big_modeling import init_empty_weights
 from hasten.big_modeling.sizes import ModuleTree
+from hasten.config import envvars
 from hasten.config.enums import CustomDtype
 from hasten.core.imports import require
 
 __all__ = [
     "DTYPES",
+    "add_timm_hub_prefix",
+    "check_has_model",
+    "create_ascii_table",
     "create_empty_model",
     "estimate_command",
     "estimate_command_parser",
     "estimate_rows",
+    "estimate_training_usage",
     "format_table",
+    "gather_data",
+    "main",
     "register",
+    "verify_on_hub",
 ]
 
 DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
@@ -63,13 +71,33 @@ def _from_config(path: Path, trust_remote_code: bool) -> nn.Module:
     return transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
 
 
-def create_empty_model(model_name: str, trust_remote_code: bool = False) -> nn.Module:
+def create_empty_model(
+    model_name: str,
+    library_name: str | None,
+    trust_remote_code: bool = False,
+    access_token: str | None = None,
+) -> nn.Module:
     """Build ``model_name`` on the meta device: a config folder/file or ``module:callable``.
+
+    Args:
+        model_name: a local folder holding ``config.json``, a config ``.json`` file, or
+            ``module:callable`` returning an ``nn.Module``.
+        library_name: the library that builds a config folder: ``"transformers"`` or None
+            (the same). ``"timm"`` needs the hub, which hasten does not use.
+        trust_remote_code: allow custom modelling code shipped with a local config folder.
+        access_token: unused (nothing is downloaded); accepted for Accelerate's signature.
 
     Raises:
         ValueError: if it is neither a local config nor ``module:callable`` (nothing is
             downloaded).
     """
+    del access_token  # nothing is fetched from the hub
+    if library_name not in (None, "transformers"):
+        raise ValueError(
+            f"library_name={library_name!r}: hasten estimate-memory builds local transformers "
+            "configs or module:callable models; for timm pass 'module:callable' that calls "
+            "timm.create_model(...) instead."
+        )
     path = Path(model_name)
     with init_empty_weights():
         if (path.is_dir() and (path / "config.json").is_file()) or (
@@ -122,6 +150,34 @@ def _human(size: float | None) -> str:
     return f"{size:.2f} TB"
 
 
+def create_ascii_table(headers: list[Any], rows: list[Any], title: str) -> str:
+    """Return a boxed ASCII table: `title` on top, then `headers`, then each row (cells centred).
+
+    Raises:
+        ValueError: a row does not have one cell per header.
+    """
+    cells = [[str(cell) for cell in row] for row in rows]
+    for row in cells:
+        if len(row) != len(headers):
+            raise ValueError(
+                f"create_ascii_table: row {row!r} has {len(row)} cells for {len(headers)} "
+                f"headers {list(headers)}; give one cell per header."
+            )
+    names = [str(header) for header in headers]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) + 2 for i, h in enumerate(names)]
+    line = "+" + "+".join("-" * w for w in widths) + "+"
+    width = max(len(line) - 2, len(title) + 2)
+    if width > len(line) - 2:  # a long title widens the last column
+        widths[-1] += width - (len(line) - 2)
+        line = "+" + "+".join("-" * w for w in widths) + "+"
+    out = ["+" + "-" * width + "+", "|" + title.center(width) + "|", line]
+    out.append("|" + "|".join(h.center(w) for h, w in zip(names, widths)) + "|")
+    out.append(line)
+    out += ["|" + "|".join(c.center(w) for c, w in zip(row, widths)) + "|" for row in cells]
+    out.append(line)
+    return "\n".join(out)
+
+
 def format_table(title: str, rows: list[dict[str, Any]]) -> str:
     """An ASCII table of `estimate_rows`."""
     headers = ["dtype", "Largest Layer", "Total Size", "Training using Adam"]
@@ -129,23 +185,124 @@ def format_table(title: str, rows: list[dict[str, Any]]) -> str:
         [r["dtype"], _human(r["largest_layer"]), _human(r["total"]), _human(r["training"])]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) + 2 for i, h in enumerate(headers)]
-    line = "+" + "+".join("-" * w for w in widths) + "+"
-    width = len(line) - 2
-    out = ["+" + "-" * width + "+", "|" + title.center(width) + "|", line]
-    out.append("|" + "|".join(h.center(w) for h, w in zip(headers, widths)) + "|")
-    out.append(line)
-    out += ["|" + "|".join(c.center(w) for c, w in zip(row, widths)) + "|" for row in cells]
-    out.append(line)
-    return "\n".join(out)
+    return create_ascii_table(headers, cells, title)
+
+
+def estimate_training_usage(
+    bytes: int,  # noqa: A002 - Accelerate's parameter name
+    mixed_precision: str,
+    msamp_config: str | None = None,
+) -> dict[str, int]:
+    """Memory to train with Adam at batch size 1, by part, for a model of `bytes` in float32.
+
+    Returns ``{"model", "optimizer", "gradients", "step"}`` in bytes (-1 where the dtype cannot
+    be trained: int8/int4). float32: gradients = model, optimizer = 2x, step = 4x. float16,
+    bfloat16 and fp8 without MS-AMP keep fp32 weights, 1.5x gradients and 2x optimizer states.
+
+    Raises:
+        ValueError: an MS-AMP `msamp_config` (hasten has no MS-AMP memory model), or an
+            unknown `mixed_precision`.
+    """
+    sizes = {"model": -1, "optimizer": -1, "gradients": -1, "step": -1}
+    if msamp_config is not None:
+        raise ValueError(
+            f"msamp_config={msamp_config!r}: hasten estimates fp8 training without MS-AMP only; "
+            "pass msamp_config=None."
+        )
+    fp32, half = int(bytes), int(bytes) // 2
+    if mixed_precision == "float32":
+        sizes.update(model=fp32, gradients=fp32, optimizer=2 * fp32, step=4 * fp32)
+    elif mixed_precision in ("float16", "bfloat16", "fp8"):
+        sizes.update(model=fp32, gradients=fp32 + half, optimizer=2 * fp32, step=2 * fp32)
+    elif mixed_precision not in ("int8", "int4"):
+        raise ValueError(
+            f"Unknown mixed_precision {mixed_precision!r}: choose among "
+            "float32, float16, bfloat16, fp8, int8, int4."
+        )
+    return sizes
+
+
+def gather_data(args: argparse.Namespace) -> list[list[Any]]:
+    """Build the model of `args` on meta; per dtype: [dtype, largest layer, total, training parts].
+
+    The last item is `estimate_training_usage` of the float32 size (all -1 for int8/int4).
+    """
+    model = create_empty_model(
+        args.model_name,
+        library_name=getattr(args, "library_name", None),
+        trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
+        access_token=getattr(args, "access_token", None),
+    )
+    dtypes = list(getattr(args, "dtypes", None) or _DEFAULT_DTYPES)
+    rows = estimate_rows(model, ["float32", *dtypes])
+    fp32_total = int(rows[0]["total"])
+    return [
+        [
+            row["dtype"],
+            row["largest_layer"],
+            row["total"],
+            estimate_training_usage(fp32_total, row["dtype"]),
+        ]
+        for row in rows[1:]
+    ]
 
 
 def estimate_command(args: argparse.Namespace) -> int:
     """Run ``hasten estimate-memory``: print the table; return the exit code."""
-    model = create_empty_model(args.model_name, trust_remote_code=args.trust_remote_code)
+    model = create_empty_model(
+        args.model_name,
+        library_name=args.library_name,
+        trust_remote_code=args.trust_remote_code,
+        access_token=getattr(args, "access_token", None),
+    )
     rows = estimate_rows(model, list(args.dtypes))
     print(format_table(f"Memory Usage for loading `{args.model_name}`", rows))
     return 0
+
+
+def add_timm_hub_prefix(model_name: str) -> str:
+    """Return `model_name` with timm's ``hf-hub:`` prefix (unchanged when it has one)."""
+    return model_name if model_name.startswith("hf-hub:") else f"hf-hub:{model_name}"
+
+
+def check_has_model(error: BaseException) -> str:
+    """Name the library whose "model not found" `error` this is: timm, transformers or unknown."""
+    text = str(error.args[0]) if error.args else ""
+    if isinstance(error, RuntimeError) and "Unknown model" in text:
+        return "timm"
+    if isinstance(error, OSError) and "does not appear to have a file named" in text:
+        return "transformers"
+    return "unknown"
+
+
+def verify_on_hub(repo: str, token: str | None = None) -> Any:
+    """Return the hub's model info for `repo`, ``"gated"`` or ``"repo"`` (not found).
+
+    Offline (``HF_HUB_OFFLINE=1``) or unreachable hubs raise at once (10 s timeout).
+
+    Raises:
+        ConnectionError: the hub is offline or cannot be reached (the message says which).
+        ImportError: huggingface_hub is not installed.
+    """
+    # optional: huggingface_hub
+    hub = require("huggingface_hub", feature="verify_on_hub", extra="transformers")
+    errors = importlib.import_module("huggingface_hub.utils")
+    if envvars.read_flag("HF_HUB_OFFLINE"):
+        raise ConnectionError(
+            f"Cannot look {repo!r} up on the Hugging Face Hub: HF_HUB_OFFLINE is set. Unset it "
+            "to go online, or use a local config folder (hasten estimate-memory never downloads)."
+        )
+    try:
+        return hub.model_info(repo, token=token, timeout=10)
+    except errors.GatedRepoError:
+        return "gated"
+    except errors.RepositoryNotFoundError:
+        return "repo"
+    except (OSError, errors.HfHubHTTPError) as err:
+        raise ConnectionError(
+            f"Cannot reach the Hugging Face Hub to look {repo!r} up ({err}). Check the network "
+            "or HF_ENDPOINT, or use a local config folder."
+        ) from err
 
 
 def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
@@ -173,6 +330,11 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         help="dtypes to report (default: float32 float16 int8 int4)",
     )
     parser.add_argument(
+        "--access_token",
+        default=None,
+        help="accepted for Accelerate's command line; unused (nothing is downloaded)",
+    )
+    parser.add_argument(
         "--trust_remote_code",
         action="store_true",
         help="allow custom modelling code shipped with a local config folder",
@@ -184,3 +346,12 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 def register(subparsers: Any) -> None:
     """Add ``estimate-memory`` to the ``hasten`` command table."""
     estimate_command_parser(subparsers)
+
+
+def main() -> int:
+    """Run ``hasten estimate-memory`` with the command line (``python -m hasten.commands.estimate``)."""
+    return estimate_command(estimate_command_parser().parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,25 +7,41 @@ script directly, several go through PyTorch's elastic agent).
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from hasten.commands.config.config_args import default_config_path, load_config_from_file
+from hasten.commands.launch_help import CustomHelpFormatter, clean_option
+from hasten.commands.utils import CustomArgumentParser
 from hasten.config import envvars
-from hasten.config.enums import DynamoBackend, PrecisionType
-from hasten.launchers.elastic import run
+from hasten.config.enums import DynamoBackend, PrecisionType, enum_value
+from hasten.launchers.elastic import run, run_workers, script_command
 from hasten.launchers.env import plugin_env, setup_fp8_env, worker_env
 from hasten.launchers.plan import RDZV_BACKENDS, SETTINGS, LaunchPlan, build_plan, resolve_settings
+from hasten.launchers.sagemaker import run_sagemaker
 from hasten.launchers.slurm import slurm_topology
+from hasten.launchers.xla_pod import pod_launch_command
 
 __all__ = [
+    "CustomHelpFormatter",
     "PRECEDENCE",
+    "clean_option",
     "launch_command",
     "launch_command_parser",
     "load_launch_config",
+    "main",
+    "multi_gpu_launcher",
     "plan_from_args",
+    "prepare_multi_gpu_env",
+    "prepare_simple_launcher_cmd_env",
     "register",
+    "run_launch",
+    "sagemaker_launcher",
+    "simple_launcher",
+    "tpu_launcher",
+    "tpu_pod_launcher",
 ]
 
 PRECEDENCE = """\
@@ -195,17 +211,18 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     kwargs: dict[str, Any] = {
         "description": "Launch a training script on one or many processes and machines.",
         "epilog": PRECEDENCE,
-        "formatter_class": argparse.RawDescriptionHelpFormatter,
+        "formatter_class": CustomHelpFormatter,
         "allow_abbrev": False,
     }
     if subparsers is not None:
         parser = subparsers.add_parser("launch", help="Launch a training script.", **kwargs)
     else:
-        parser = argparse.ArgumentParser("hasten launch", **kwargs)
+        parser = CustomArgumentParser("hasten launch", **kwargs)
     parser.add_argument("--config_file", help="Config file to use (YAML or JSON).")
     _add_topology_flags(parser)
     _add_training_flags(parser)
     _add_fp8_flags(parser)
+    _add_platform_flags(parser)
     command = parser.add_argument_group("Command")
     command.add_argument(
         "-m", "--module", action="store_true", help="Run the script as a module (python -m script)."
@@ -269,11 +286,211 @@ def plan_from_args(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, Any]
     return plan, config
 
 
-def launch_command(args: argparse.Namespace, *, replace_process: bool = True) -> int:
-    """Run ``hasten launch`` with parsed `args`; return the exit code of the job."""
+def launch_command(args: argparse.Namespace) -> int:
+    """Run ``hasten launch`` with parsed `args`; return the exit code of the job.
+
+    A SageMaker config (``compute_environment: AMAZON_SAGEMAKER``) starts a SageMaker training
+    job; ``--tpu`` (or ``distributed_type: XLA``) starts the TPU cores, on every worker of a
+    pod with ``--tpu_cluster``. Everything else runs here (one process) or under torch elastic.
+    """
+    special = _platform_launch(args)
+    if special is not None:
+        return special
+    return run_launch(args)
+
+
+def run_launch(args: argparse.Namespace, *, replace_process: bool = True) -> int:
+    """Run the plan of `args` on this machine; one process replaces this one unless told not to."""
+    plan, env = _plan_and_env(args)
+    return run(plan, env, replace_process=replace_process)
+
+
+def _plan_and_env(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, str]]:
+    """The plan of `args` and the variables every worker gets on top of this environment."""
     plan, config = plan_from_args(args)
     env = worker_env(plan, plugin_values=plugin_env(config or {}))
     # --fp8_* flags beat fp8_config (flags > environment > config file); --env still wins.
     setup_fp8_env(args, env)
     env.update(dict(plan.extra_env))
-    return run(plan, env, replace_process=replace_process)
+    return plan, env
+
+
+def _add_platform_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags of the TPU and SageMaker launchers (listed in help when selected)."""
+    tpu = parser.add_argument_group("TPU")
+    tpu.add_argument(
+        "--tpu", action="store_true", default=None, help="Run on this host's TPU cores (XLA)."
+    )
+    tpu.add_argument(
+        "--tpu_cluster",
+        dest="tpu_use_cluster",
+        action="store_true",
+        default=None,
+        help="Run on every worker of a TPU pod (through gcloud ssh).",
+    )
+    tpu.add_argument(
+        "--no_tpu_cluster",
+        dest="tpu_use_cluster",
+        action="store_false",
+        help="Run only on this TPU host (the default).",
+    )
+    tpu.add_argument("--tpu_name", help="Name of the TPU pod (default: config tpu_name).")
+    tpu.add_argument("--tpu_zone", help="Zone of the TPU pod (default: config tpu_zone).")
+    tpu.add_argument(
+        "--tpu_use_sudo", action="store_true", default=None, help="Run the pod command with sudo."
+    )
+    tpu.add_argument(
+        "--vm",
+        dest="tpu_vm",
+        action="append",
+        help="A pod worker to run on (repeatable; default all workers).",
+    )
+    tpu.add_argument(
+        "--main_training_function",
+        help="Function of the script to start on each TPU core (default main).",
+    )
+    tpu.add_argument(
+        "--downcast_bf16",
+        action="store_true",
+        default=None,
+        help="With bf16 on TPU: float32 as bfloat16 and float64 as float32 (XLA_DOWNCAST_BF16).",
+    )
+    aws = parser.add_argument_group("AWS (SageMaker)")
+    aws.add_argument("--aws_access_key_id", help="AWS key id (else the config's profile).")
+    aws.add_argument("--aws_secret_access_key", help="AWS secret key (else the config's profile).")
+
+
+def main() -> int:
+    """Run ``hasten launch`` with the command line (``python -m hasten.commands.launch ...``)."""
+    return launch_command(launch_command_parser().parse_args())
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    path = getattr(args, "config_file", None) or default_config_path()
+    return path if Path(path).is_file() else None
+
+
+# Config keys the TPU launchers take when the flag is not given.
+_TPU_KEYS = ("tpu_use_cluster", "tpu_name", "tpu_zone", "tpu_use_sudo", "tpu_vm")
+
+
+def _platform_launch(args: argparse.Namespace) -> int | None:
+    """Run SageMaker or TPU launches; None for a launch on this machine's CPUs/GPUs."""
+    path = _config_path(args)
+    config = load_config_from_file(path) if path is not None else None
+    if config is not None and enum_value(config.compute_environment) == "AMAZON_SAGEMAKER":
+        sagemaker_launcher(config, args)
+        return 0
+    values = config.to_dict() if config is not None else {}
+    if not (getattr(args, "tpu", None) or values.get("distributed_type") == "XLA"):
+        return None
+    for key in (*_TPU_KEYS, "main_training_function", "downcast_bf16"):
+        if getattr(args, key, None) is None:
+            setattr(args, key, values.get(key))
+    if args.tpu_use_cluster:
+        tpu_pod_launcher(args)
+    else:
+        tpu_launcher(args)
+    return 0
+
+
+def _full_env(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, str]]:
+    plan, env = _plan_and_env(args)
+    return plan, {**envvars.snapshot(), **env}
+
+
+def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the attributes `plan_from_args` reads filled in (for hand-made namespaces)."""
+    defaults = vars(launch_command_parser().parse_args([getattr(args, "training_script", "")]))
+    return argparse.Namespace(**{**defaults, **vars(args)})
+
+
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """Return the command and the full environment ``hasten launch`` runs one process with."""
+    plan, env = _full_env(_with_defaults(args))
+    return script_command(plan), env
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """Return the environment ``hasten launch`` gives its elastic workers (before their ranks).
+
+    torch's agent adds ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT`` to it
+    for each worker.
+    """
+    _, env = _full_env(_with_defaults(args))
+    return env
+
+
+def simple_launcher(args: argparse.Namespace) -> None:
+    """Run the script once, as a child process, with the launch's environment.
+
+    Raises:
+        subprocess.CalledProcessError: the script exited with a non-zero code.
+    """
+    command, env = prepare_simple_launcher_cmd_env(args)
+    process = subprocess.run(command, env=env, check=False)
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(returncode=process.returncode, cmd=command)
+
+
+def multi_gpu_launcher(args: argparse.Namespace) -> None:
+    """Run the launch's workers under torch's elastic agent (even a single one).
+
+    Raises:
+        subprocess.CalledProcessError: a worker failed (the failure report is printed above).
+    """
+    plan, env = _plan_and_env(_with_defaults(args))
+    code = run_workers(plan, env)
+    if code != 0:
+        raise subprocess.CalledProcessError(returncode=code, cmd=[plan.script, *plan.script_args])
+
+
+def tpu_launcher(args: argparse.Namespace) -> None:
+    """Start ``args.main_training_function`` of the script on this host's TPU cores.
+
+    Raises:
+        ValueError: ``--no_python`` (the TPU launcher imports the script), or no such function.
+        ImportError: torch_xla is not installed.
+    """
+    from hasten.launchers import xla  # deferred: imports torch
+
+    if getattr(args, "no_python", False):
+        raise ValueError("--no_python cannot be used with --tpu: the TPU launcher imports it.")
+    _, env = xla.prepare_tpu(args, {})
+    function = xla.load_training_function(
+        args.training_script,
+        getattr(args, "main_training_function", None) or "main",
+        module=bool(getattr(args, "module", False)),
+    )
+    sys.argv = [args.training_script, *args.training_script_args]
+    xla.run_on_tpu_host(function, getattr(args, "num_processes", None), env)
+
+
+def tpu_pod_launcher(args: argparse.Namespace) -> None:
+    """Run this ``hasten launch`` on every worker of the TPU pod ``args.tpu_name`` via gcloud.
+
+    Raises:
+        ValueError: no pod name or zone.
+        subprocess.CalledProcessError: gcloud failed.
+    """
+    from hasten.launchers import xla  # deferred: imports torch
+
+    args, env = xla.prepare_tpu(args, {}, pod=True)
+    command = pod_launch_command(args, env)
+    if getattr(args, "debug", False):
+        print(f"Running {' '.join(command)}")
+    subprocess.run(command, check=True)
+
+
+def sagemaker_launcher(sagemaker_config: Any, args: argparse.Namespace) -> None:
+    """Start the script as an Amazon SageMaker training job (needs the ``sagemaker`` SDK).
+
+    Raises:
+        ImportError: the SDK is not installed (``pip install 'hasten[sagemaker]'``).
+        ValueError / OSError: see `hasten.launchers.sagemaker.prepare_sagemager_args_inputs`.
+    """
+    run_sagemaker(sagemaker_config, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

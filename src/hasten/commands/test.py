@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-from hasten.commands.launch import launch_command, launch_command_parser
+from hasten.commands.launch import launch_command_parser, run_launch
 
-__all__ = ["SELF_CHECK", "register", "test_command", "test_command_parser"]
+__all__ = ["SELF_CHECK", "main", "register", "test_command", "test_command_parser"]
 
 # The script lives with the test helpers (a layer above this one), so it is found by path.
 SELF_CHECK = Path(__file__).resolve().parents[1] / "test_utils" / "scripts" / "self_check.py"
@@ -30,7 +31,7 @@ def test_command(args: argparse.Namespace) -> int:
     """Run ``hasten test``: the self-check under ``hasten launch``; return its exit code."""
     argv = [] if args.config_file is None else ["--config_file", args.config_file]
     launch_args = launch_command_parser().parse_args([*argv, str(SELF_CHECK)])
-    code = launch_command(launch_args, replace_process=False)
+    code = run_launch(launch_args, replace_process=False)
     if code == 0:
         print("Test is a success! You are ready for your distributed training!")
     else:
@@ -41,3 +42,12 @@ def test_command(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``hasten test`` to the ``hasten`` command table."""
     test_command_parser(subparsers)
+
+
+def main() -> int:
+    """Run ``hasten test`` with the command line (``python -m hasten.commands.test``)."""
+    return test_command(test_command_parser().parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,8 +8,9 @@ from hasten.core.lazy import lazy_namespace
 
 _TABLE: dict[str, list[str]] = {
     "hasten.launchers.notebook": ["debug_launcher", "notebook_launcher"],
+    "hasten.launchers.prepare": ["PrepareForLaunch", "test_launch"],
 }
 
 __getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())
 
-__all__ = ["debug_launcher", "notebook_launcher"]
+__all__ = ["PrepareForLaunch", "debug_launcher", "notebook_launcher", "test_launch"]

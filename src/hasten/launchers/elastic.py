@@ -24,6 +24,7 @@ __all__ = [
     "format_failures",
     "launch_config",
     "run",
+    "run_workers",
     "script_command",
     "worker_command",
 ]
@@ -145,7 +146,8 @@ def format_failures(failures: Mapping[int, Any]) -> tuple[str, int]:
     return "\n".join(lines), _exit_code(int(first.exitcode)) if first else 1
 
 
-def _run_elastic(plan: LaunchPlan, env: Mapping[str, str]) -> int:
+def run_workers(plan: LaunchPlan, env: Mapping[str, str]) -> int:
+    """Start the plan's workers under torch's elastic agent (even one); return the exit code."""
     # deferred: these import all of torch, which a single-process launch never needs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -206,7 +208,7 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, replace_process: bool = Tru
             launcher's fastest path; does not return). When False, run it as a child instead.
     """
     if not plan.is_single_process:
-        return _run_elastic(plan, env)
+        return run_workers(plan, env)
     command = script_command(plan)
     full_env = {**envvars.snapshot(), **env}
     sys.stdout.flush()

@@ -17,6 +17,7 @@ from hasten.core.imports import is_package_available
 from hasten.core.versions import is_torch_version
 
 __all__ = [
+    "USE_TORCH_XLA",
     "check_cuda_fp8_capability",
     "clear_caches",
     "is_bf16_available",
@@ -46,6 +47,10 @@ def is_cuda_available() -> bool:
     """
     with patch_environment(PYTORCH_NVML_BASED_CUDA_CHECK="1"):
         return bool(torch.cuda.is_available())
+
+
+# Accelerate's import-time reading of USE_TORCH_XLA (is_torch_xla_available rereads it).
+USE_TORCH_XLA: bool = parse_flag_from_env("USE_TORCH_XLA", True)
 
 
 @functools.cache

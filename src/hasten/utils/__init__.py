@@ -223,6 +223,10 @@ _TABLE: dict[str, list[str]] = {
     ],
     "hasten.checkpointing.io": ["load", "save"],
     "hasten.launchers.install": ["install_xla"],
+    "hasten.launchers.prepare": ["PrepareForLaunch"],
+    "hasten.launchers.sagemaker": ["prepare_sagemager_args_inputs"],
+    "hasten.launchers.xla": ["prepare_tpu"],
+    "hasten.commands.launch": ["prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env"],
     "hasten.commands.config.default": ["write_basic_config"],
     "hasten.logging": ["tqdm"],
     "hasten.big_modeling.sizes": [

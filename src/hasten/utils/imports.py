@@ -33,6 +33,7 @@ from hasten.core.imports import (
     is_pytest_available,
     is_rich_available,
     is_safetensors_available,
+    is_sagemaker_available,
     is_schedulefree_available,
     is_swanlab_available,
     is_tensorboard_available,
@@ -53,6 +54,7 @@ from hasten.core.imports import (
     torchao_required,
 )
 from hasten.platforms.checks import (
+    USE_TORCH_XLA,
     is_bf16_available,
     is_cuda_available,
     is_fp16_available,
@@ -71,6 +73,7 @@ from hasten.platforms.checks import (
 )
 
 __all__ = [
+    "USE_TORCH_XLA",
     "is_4bit_bnb_available",
     "is_8bit_bnb_available",
     "is_aim_available",
@@ -111,6 +114,7 @@ __all__ = [
     "is_rich_available",
     "is_rocm_available",
     "is_safetensors_available",
+    "is_sagemaker_available",
     "is_schedulefree_available",
     "is_sdaa_available",
     "is_swanlab_available",

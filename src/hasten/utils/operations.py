@@ -4,6 +4,7 @@ Nested-structure helpers live in `hasten.core.nested`; collectives in `hasten.op
 """
 
 from hasten.core.nested import (
+    ConvertOutputsToFp32,
     TensorInformation,
     concatenate,
     convert_outputs_to_fp32,
@@ -37,6 +38,7 @@ from hasten.ops.debug import DistributedOperationException, verify_operation
 
 __all__ = [
     "CannotPadNestedTensorWarning",
+    "ConvertOutputsToFp32",
     "DistributedOperationException",
     "TensorInformation",
     "broadcast",

@@ -50,7 +50,7 @@ def test_config_default_and_update_in_process(
 def test_questionnaire_saves_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    monkeypatch.setattr("sys.stdin", io.StringIO("0\nyes\nno\n\nno\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("0\n0\nyes\nno\n\nno\n"))
     path = tmp_path / "q.json"
     assert main(["config", "--config_file", str(path)]) == 0
     assert '"use_cpu": true' in path.read_text()
@@ -79,7 +79,7 @@ def test_test_command_reports_pass_or_fail(
         seen.update(script=args.training_script, config=args.config_file, replace=replace_process)
         return code
 
-    monkeypatch.setattr(test_cmd, "launch_command", fake_launch)
+    monkeypatch.setattr(test_cmd, "run_launch", fake_launch)
     assert main(["test", "--config_file", "c.yaml"]) == code
     assert word in capsys.readouterr().out
     assert seen == {"script": str(test_cmd.SELF_CHECK), "config": "c.yaml", "replace": False}

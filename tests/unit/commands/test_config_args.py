@@ -104,7 +104,19 @@ def test_unknown_keys_are_named_with_the_allowed_ones(tmp_path: Path) -> None:
         ({"distributed_type": "NO", "num_processes": 0}, "'num_processes' must be >= 1"),
         ({"distributed_type": "NO", "main_process_port": 70000}, "'main_process_port' must be in"),
         ({"compute_environment": "MARS", "distributed_type": "NO"}, "'compute_environment'"),
-        ({"compute_environment": "AMAZON_SAGEMAKER", "distributed_type": "NO"}, "not supported"),
+        (
+            {"compute_environment": "AMAZON_SAGEMAKER", "distributed_type": "NO"},
+            r"lacks the required key\(s\) \['ec2_instance_type', 'iam_role_name'\]",
+        ),
+        (
+            {
+                "compute_environment": "AMAZON_SAGEMAKER",
+                "distributed_type": "MULTI_GPU",
+                "ec2_instance_type": "ml.p3.2xlarge",
+                "iam_role_name": "role",
+            },
+            "Invalid value 'MULTI_GPU' for config key 'distributed_type'",
+        ),
         ({"num_processes": 2}, "no 'distributed_type' key"),
     ],
 )

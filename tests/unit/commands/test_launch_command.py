@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from hasten.commands import launch
-from hasten.commands.launch import PRECEDENCE, launch_command, launch_command_parser, plan_from_args
+from hasten.commands.launch import PRECEDENCE, launch_command_parser, plan_from_args
 from hasten.launchers.plan import LaunchPlan
 
 
@@ -192,7 +192,7 @@ def test_launch_command_hands_plan_and_worker_env_to_run(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(launch, "run", fake_run)
     args = _parse("--cpu", "--num_processes", "2", "--env", "X=1", "--debug", "t.py", "a")
-    assert launch_command(args, replace_process=False) == 4
+    assert launch.run_launch(args, replace_process=False) == 4
     assert seen["plan"].script_args == ("a",)
     assert seen["env"]["ACCELERATE_USE_CPU"] == "true"
     assert seen["env"]["ACCELERATE_DEBUG_MODE"] == "true"
@@ -223,7 +223,7 @@ def test_fp8_flags_reach_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
         "--cpu", "--mixed_precision", "fp8", "--fp8_backend", "te", "--fp8_format", "e4m3",
         "--fp8_amax_history_len", "32", "--env", "ACCELERATE_FP8_MARGIN=2", "t.py",
     )  # fmt: skip
-    launch_command(args, replace_process=False)
+    launch.run_launch(args, replace_process=False)
     env = seen["env"]
     assert env["ACCELERATE_MIXED_PRECISION"] == "fp8"
     assert env["ACCELERATE_FP8_BACKEND"] == "TE"

@@ -9,53 +9,44 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from hasten.commands.config.config import config_command, config_command_parser
 from hasten.commands.config.config_args import (
     default_config_file,
-    default_config_path,
     load_config_from_file,
 )
 from hasten.commands.config.default import default_command_parser
-from hasten.commands.config.questionnaire import get_cluster_input
 from hasten.commands.config.update import update_command_parser
 
 __all__ = [
     "config_command",
+    "config_command_parser",
     "default_config_file",
     "get_config_parser",
     "load_config_from_file",
+    "main",
     "register",
 ]
 
 
 def get_config_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """Return the ``hasten config`` parser (added to `subparsers` when given)."""
+    """Return the ``hasten config`` parser with its ``default``/``update`` subcommands."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
         "--config_file",
         default=None,
-        help="Where to save/read the config (default: $HF_HOME/accelerate/default_config.yaml; "
-        "a .json suffix writes JSON).",
+        help="Where to save/read the config (default: $HF_HOME/accelerate/default_config.yaml).",
     )
-    description = "Create or update a hasten config file (Accelerate's keys)."
-    if subparsers is not None:
-        parser = subparsers.add_parser(
-            "config", parents=[parent], help=description, description=description
-        )
-    else:
-        parser = argparse.ArgumentParser("hasten config", parents=[parent], description=description)
+    parser = config_command_parser(subparsers)
     commands = parser.add_subparsers(title="subcommands", dest="config_subcommand")
     default_command_parser(commands, parents=[parent])
     update_command_parser(commands, parents=[parent])
-    parser.set_defaults(func=config_command)
     return parser
 
 
-def config_command(args: argparse.Namespace) -> int:
-    """Run the ``hasten config`` questionnaire and save the answers."""
-    config = get_cluster_input()
-    path = config.save(args.config_file or default_config_path())
-    print(f"hasten config saved at {path}")
-    return 0
+def main() -> int:
+    """Run ``hasten config`` with the command line (``python -m hasten.commands.config``)."""
+    args = get_config_parser().parse_args()
+    return int(args.func(args) or 0)
 
 
 def register(subparsers: Any) -> None:

@@ -9,10 +9,10 @@ script itself can override it (see `hasten launch --help`). The default location
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from hasten.config import envvars
 from hasten.config.enums import (
@@ -20,13 +20,20 @@ from hasten.config.enums import (
     DistributedType,
     DynamoBackend,
     PrecisionType,
+    SageMakerDistributedType,
     enum_value,
+)
+from hasten.launchers.sagemaker import (
+    SAGEMAKER_PYTHON_VERSION,
+    SAGEMAKER_PYTORCH_VERSION,
+    SAGEMAKER_TRANSFORMERS_VERSION,
 )
 
 __all__ = [
     "BaseConfig",
     "ClusterConfig",
     "RDZV_BACKENDS",
+    "SageMakerConfig",
     "cache_dir",
     "default_config_file",
     "default_config_path",
@@ -121,7 +128,12 @@ class BaseConfig:
                 "The config file has no 'distributed_type' key. Add one, e.g. "
                 f"'distributed_type: NO'; allowed values: {DistributedType.list()}."
             )
-        if "num_processes" not in config and enum_value(config["distributed_type"]).upper() == "NO":
+        local = enum_value(config["compute_environment"]) == ComputeEnvironment.LOCAL_MACHINE.value
+        if (
+            local
+            and "num_processes" not in config
+            and enum_value(config["distributed_type"]).upper() == "NO"
+        ):
             config["num_processes"] = 1
         legacy_fp16 = config.pop("fp16", None)
         if "mixed_precision" not in config:
@@ -150,6 +162,16 @@ class BaseConfig:
             raise ValueError(
                 f"Unknown key(s) {unknown} in config file {source!r}. Allowed keys: {allowed}. "
                 "Remove or rename them (`hasten config` writes a valid file)."
+            )
+        required = [
+            f.name
+            for f in fields(cls)
+            if f.default is MISSING and f.default_factory is MISSING and f.name not in config
+        ]
+        if required:
+            raise ValueError(
+                f"The config file {source!r} lacks the required key(s) {required} of a "
+                f"{cls.__name__}. Add them (`hasten config` asks for them)."
             )
         return cls(**config)
 
@@ -193,17 +215,26 @@ class BaseConfig:
             self.to_yaml_file(path)
         return str(path)
 
+    # The compute environment this class describes, and the enum of its distributed_type.
+    _environment = ComputeEnvironment.LOCAL_MACHINE
+    _distributed_enum: ClassVar[type[Enum]] = DistributedType
+
     def __post_init__(self) -> None:
         self.compute_environment = _choice(
             "compute_environment", self.compute_environment, ComputeEnvironment
         )
-        if self.compute_environment != ComputeEnvironment.LOCAL_MACHINE:
-            raise ValueError(
-                f"compute_environment={enum_value(self.compute_environment)!r} is not supported: hasten "
-                "launches on local machines and clusters only. Set "
-                "'compute_environment: LOCAL_MACHINE'."
+        if self.compute_environment != self._environment:
+            other = (
+                "SageMakerConfig" if self._environment.value == "LOCAL_MACHINE" else "ClusterConfig"
             )
-        self.distributed_type = _choice("distributed_type", self.distributed_type, DistributedType)
+            raise ValueError(
+                f"compute_environment={enum_value(self.compute_environment)!r} does not fit a "
+                f"{type(self).__name__} (it needs {self._environment.value!r}); use {other}, "
+                "or `load_config_from_file`, which picks the class from the file."
+            )
+        self.distributed_type = _choice(
+            "distributed_type", self.distributed_type, self._distributed_enum
+        )
         if self.mixed_precision is not None:
             self.mixed_precision = _choice(
                 "mixed_precision", enum_value(self.mixed_precision).lower(), PrecisionType
@@ -318,6 +349,59 @@ class ClusterConfig(BaseConfig):
                 )
 
 
+@dataclass
+class SageMakerConfig(BaseConfig):
+    """A config for training jobs on Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``)."""
+
+    ec2_instance_type: str
+    iam_role_name: str
+    image_uri: str | None = None
+    profile: str | None = None
+    region: str = "us-east-1"
+    num_machines: int = 1
+    gpu_ids: str = "all"
+    base_job_name: str = f"accelerate-sagemaker-{num_machines}"
+    pytorch_version: str = SAGEMAKER_PYTORCH_VERSION
+    transformers_version: str = SAGEMAKER_TRANSFORMERS_VERSION
+    py_version: str = SAGEMAKER_PYTHON_VERSION
+    sagemaker_inputs_file: str | None = None
+    sagemaker_metrics_file: str | None = None
+    additional_args: dict[str, Any] | None = None
+    dynamo_config: dict[str, Any] | None = None
+    enable_cpu_affinity: bool = False
+
+    _environment = ComputeEnvironment.AMAZON_SAGEMAKER
+    _distributed_enum = SageMakerDistributedType
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("ec2_instance_type", "iam_role_name", "region", "base_job_name"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or not value:
+                raise TypeError(
+                    f"Config key {key!r} must be a non-empty string, got {value!r}. "
+                    "Fix that line of the SageMaker config (or rerun `hasten config`)."
+                )
+        if isinstance(self.num_machines, bool) or not isinstance(self.num_machines, int):
+            raise TypeError(
+                f"Config key 'num_machines' must be an integer, got {self.num_machines!r}."
+            )
+        if self.num_machines < 1:
+            raise ValueError(f"Config key 'num_machines' must be >= 1, got {self.num_machines!r}.")
+        for key in ("additional_args", "dynamo_config"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, dict):
+                raise TypeError(f"Config key {key!r} must be a mapping, got {value!r}.")
+
+
+def _config_class(data: Any) -> type[BaseConfig]:
+    """The config class a file's data describes (by its ``compute_environment``)."""
+    sagemaker = ComputeEnvironment.AMAZON_SAGEMAKER.value
+    if isinstance(data, dict) and str(data.get("compute_environment", "")) == sagemaker:
+        return SageMakerConfig
+    return ClusterConfig
+
+
 def load_config_from_file(config_file: str | None) -> ClusterConfig:
     """Load the config at `config_file` (or the default location): JSON by suffix, else YAML.
 
@@ -332,7 +416,14 @@ def load_config_from_file(config_file: str | None) -> ClusterConfig:
             "or create the default one with `hasten config` or `hasten config default`."
         )
     if path.endswith(".json"):
-        config = ClusterConfig.from_json_file(path)
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
     else:
-        config = ClusterConfig.from_yaml_file(path)
-    return cast(ClusterConfig, config)
+        import yaml  # deferred: only commands that read a file pay for it
+
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+        data = {} if data is None else data
+    # A SageMaker file gives a SageMakerConfig (as in Accelerate); callers that launch locally
+    # check for it.
+    return cast(ClusterConfig, _config_class(data).from_dict(data, source=path))

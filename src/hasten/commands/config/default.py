@@ -9,7 +9,7 @@ from typing import Any
 from hasten.commands.config.config_args import ClusterConfig, default_json_config_file
 from hasten.config.enums import DistributedType, PrecisionType, enum_value
 
-__all__ = ["default_command", "default_command_parser", "write_basic_config"]
+__all__ = ["default_command_parser", "default_config_command", "write_basic_config"]
 
 
 def _machine() -> tuple[int, str, bool]:
@@ -68,9 +68,9 @@ def write_basic_config(
     return config.save(str(path))
 
 
-def default_command_parser(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
-    """Add ``hasten config default`` to the ``config`` subcommands."""
-    parser = subparsers.add_parser(
+def default_command_parser(parser: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Add ``hasten config default`` to the ``config`` subcommands (`parser`)."""
+    parser = parser.add_parser(
         "default",
         parents=parents,
         help="Write a config for this machine without asking questions.",
@@ -83,10 +83,10 @@ def default_command_parser(subparsers: Any, parents: list[argparse.ArgumentParse
         choices=PrecisionType.list(),
         help="Mixed precision to store (default no).",
     )
-    parser.set_defaults(func=default_command)
+    parser.set_defaults(func=default_config_command)
 
 
-def default_command(args: argparse.Namespace) -> int:
+def default_config_command(args: argparse.Namespace) -> int:
     """Run ``hasten config default``."""
     location = args.config_file or default_json_config_file
     written = write_basic_config(args.mixed_precision, location)

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from hasten.commands.config.config_args import ClusterConfig
-from hasten.config.enums import DistributedType, DynamoBackend, PrecisionType
+from hasten.commands.config.config_utils import DYNAMO_BACKENDS
+from hasten.config.enums import DistributedType, PrecisionType
 
 __all__ = ["ask", "ask_choice", "ask_yes_no", "get_cluster_input"]
 
@@ -135,7 +136,7 @@ def _ask_machines(config: dict[str, Any]) -> None:
 def _ask_dynamo(config: dict[str, Any]) -> None:
     if not ask_yes_no("Do you wish to optimize your script with torch.compile?"):
         return
-    backends = [value for value in DynamoBackend.list() if value != "NO"]
+    backends = DYNAMO_BACKENDS
     default = backends.index("INDUCTOR")
     backend = backends[ask_choice("Which torch.compile backend?", backends, default)]
     config["dynamo_config"] = {
