@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hasten.commands.config.config_args import default_config_path, load_config_from_file
+from hasten.commands.utils import CustomArgumentParser
 from hasten.config import envvars
 from hasten.launchers.plan import resolve_settings
 
@@ -104,7 +105,7 @@ def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("env", help=description, description=description)
     else:
-        parser = argparse.ArgumentParser("hasten env", description=description)
+        parser = CustomArgumentParser("hasten env", description=description)
     parser.add_argument("--config_file", default=None, help="Config file to report on.")
     parser.set_defaults(func=env_command)
     return parser

@@ -17,6 +17,7 @@ from torch import nn
 
 from hasten.big_modeling import init_empty_weights
 from hasten.big_modeling.sizes import ModuleTree
+from hasten.commands.utils import CustomArgumentParser
 from hasten.config import envvars
 from hasten.config.enums import CustomDtype
 from hasten.core.imports import require
@@ -311,7 +312,7 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("estimate-memory", help=description, description=description)
     else:
-        parser = argparse.ArgumentParser("hasten estimate-memory", description=description)
+        parser = CustomArgumentParser("hasten estimate-memory", description=description)
     parser.add_argument(
         "model_name",
         help="a local folder with config.json (built with transformers), or module:callable",

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from hasten.checkpointing.merge import merge_sharded_checkpoint
+from hasten.commands.utils import CustomArgumentParser
 
 __all__ = ["main", "merge_command", "merge_command_parser", "register"]
 
@@ -21,7 +22,7 @@ def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("merge-weights", help=description, description=description)
     else:
-        parser = argparse.ArgumentParser("hasten merge-weights", description=description)
+        parser = CustomArgumentParser("hasten merge-weights", description=description)
     parser.add_argument(
         "checkpoint_directory", help="the sharded checkpoint folder (.distcp files + .metadata)"
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hasten.commands.launch import launch_command_parser, run_launch
+from hasten.commands.utils import CustomArgumentParser
 
 __all__ = ["SELF_CHECK", "main", "register", "test_command", "test_command_parser"]
 
@@ -21,7 +22,7 @@ def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:  # n
     if subparsers is not None:
         parser = subparsers.add_parser("test", help=description, description=description)
     else:
-        parser = argparse.ArgumentParser("hasten test", description=description)
+        parser = CustomArgumentParser("hasten test", description=description)
     parser.add_argument("--config_file", default=None, help="Config file to test.")
     parser.set_defaults(func=test_command)
     return parser

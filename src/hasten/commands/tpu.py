@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hasten.commands.config.config_args import default_config_path, load_config_from_file
+from hasten.commands.utils import CustomArgumentParser
 from hasten.launchers.xla_pod import gcloud_ssh_command
 
 __all__ = ["main", "register", "remote_command", "tpu_command_launcher", "tpu_command_parser"]
@@ -29,7 +30,7 @@ def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     if subparsers is not None:
         parser = subparsers.add_parser("tpu-config", help=description, description=description)
     else:
-        parser = argparse.ArgumentParser("hasten tpu-config", description=description)
+        parser = CustomArgumentParser("hasten tpu-config", description=description)
     config = parser.add_argument_group("Config Arguments")
     config.add_argument("--config_file", default=None, help="Config file with the pod's defaults.")
     config.add_argument("--tpu_name", default=None, help="Name of the TPU (default: config).")

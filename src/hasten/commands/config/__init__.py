@@ -16,6 +16,7 @@ from hasten.commands.config.config_args import (
 )
 from hasten.commands.config.default import default_command_parser
 from hasten.commands.config.update import update_command_parser
+from hasten.commands.utils import CustomArgumentParser
 
 __all__ = [
     "config_command",
@@ -37,7 +38,9 @@ def get_config_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         help="Where to save/read the config (default: $HF_HOME/accelerate/default_config.yaml).",
     )
     parser = config_command_parser(subparsers)
-    commands = parser.add_subparsers(title="subcommands", dest="config_subcommand")
+    commands = parser.add_subparsers(
+        title="subcommands", dest="config_subcommand", parser_class=CustomArgumentParser
+    )
     default_command_parser(commands, parents=[parent])
     update_command_parser(commands, parents=[parent])
     return parser

@@ -9,6 +9,7 @@ from hasten.commands.config.config_args import BaseConfig, default_config_path
 from hasten.commands.config.config_utils import SubcommandHelpFormatter
 from hasten.commands.config.questionnaire import ask_choice, get_cluster_input
 from hasten.commands.config.sagemaker import get_sagemaker_input
+from hasten.commands.utils import CustomArgumentParser
 
 __all__ = ["config_command", "config_command_parser", "get_user_input", "main"]
 
@@ -33,7 +34,7 @@ def config_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
             formatter_class=SubcommandHelpFormatter,
         )
     else:
-        parser = argparse.ArgumentParser(
+        parser = CustomArgumentParser(
             "hasten config", description=DESCRIPTION, formatter_class=SubcommandHelpFormatter
         )
     parser.add_argument(
