@@ -29,6 +29,7 @@ from hasten.checkpointing import (
 )
 from hasten.checkpointing import io as checkpoint_io
 from hasten.checkpointing.model import saves_model_in_mesh
+from hasten.checkpointing.sharded_state import optimizer_owner
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
 from hasten.config.enums import FP8BackendType, PrecisionType
@@ -1023,13 +1024,24 @@ class Accelerator:
 
     def _checkpoint_contents(self, for_save: bool) -> CheckpointContents:
         models = [self.unwrap_model(m) for m in self._models]
-        sharded = self.strategy.checkpoint_layout == "sharded"
-        states = [] if sharded or not for_save else [m.state_dict() for m in models]
+        strategy = self.strategy
+        states: list[dict[str, Any]] = []
+        optimizer_states = None
+        if for_save and strategy.checkpoint_layout != "sharded":
+            if strategy.shards_parameters:  # gathered to the main process (collectives)
+                states = [strategy.model_state_dict(m, full=True) for m in self._models]
+                optimizer_states = [
+                    strategy.optimizer_state_dict(optimizer_owner(o, self._models), o, full=True)
+                    for o in self._optimizers
+                ]
+            else:
+                states = [m.state_dict() for m in models]
         return CheckpointContents(
             model_states=states,
             models=models,
             prepared_models=list(self._models),
-            engine=self.strategy,
+            optimizer_states=optimizer_states,
+            engine=strategy,
             optimizers=list(self._optimizers),
             schedulers=list(self._schedulers),
             dataloaders=list(self._dataloaders),

@@ -17,6 +17,7 @@ way, n = batches this process consumed in the epoch) replays the saved epoch's o
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,14 @@ from hasten.checkpointing import layout
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
 from hasten.checkpointing.reader import CheckpointReader, PendingRead
 from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
+from hasten.checkpointing.sharded_state import (
+    load_sharded_model,
+    load_sharded_optimizer,
+    optimizer_owner,
+    save_sharded_parts,
+    sharded_model_dir,
+    sharded_optimizer_dir,
+)
 from hasten.checkpointing.writer import (
     FileJob,
     HostBuffers,
@@ -45,6 +54,7 @@ from hasten.core.errors import CheckpointNotFoundError
 from hasten.core.nested import recursively_apply
 from hasten.ops.collectives import gather_object
 from hasten.state import PartialState
+from hasten.strategies import Strategy
 
 __all__ = [
     "CheckpointContents",
@@ -72,15 +82,27 @@ class CheckpointContents:
     custom_objects: list[Any] = field(default_factory=list)
     scaler: Any | None = None
     prepared_models: list[torch.nn.Module] = field(default_factory=list)
+    optimizer_states: list[dict[str, Any]] | None = None  # precomputed (full, gathered) states
     engine: Any = None  # the strategy: state dicts and ``checkpoint_layout`` (see StateDictSource)
+
+
+def _sharded(contents: CheckpointContents) -> bool:
+    return getattr(contents.engine, "checkpoint_layout", "replicated") == "sharded"
+
+
+def _shards_parameters(contents: CheckpointContents) -> bool:
+    return bool(getattr(contents.engine, "shards_parameters", False))
 
 
 def _shared_jobs(
     contents: CheckpointContents, copy: Callable[[Any], Any], deferred: Snapshot | None
 ) -> list[FileJob]:
     jobs = []
-    for i, optimizer in enumerate(contents.optimizers):
-        name, state = layout.optimizer_file(i), optimizer.state_dict()
+    optimizers = [] if _sharded(contents) else contents.optimizers
+    for i, optimizer in enumerate(optimizers):
+        name = layout.optimizer_file(i)
+        given = contents.optimizer_states
+        state = given[i] if given is not None else optimizer.state_dict()
         if deferred is not None and _on_cpu(state) and set(state) == {"state", "param_groups"}:
             # only the per-parameter state waits for the writer thread: a tensor learning rate
             # in param_groups may be changed in place by a scheduler before the next step
@@ -125,6 +147,17 @@ def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _warn_sharded_gradients(models: list[torch.nn.Module]) -> None:
+    if any(p.grad is not None for m in models for p in m.parameters()):
+        warnings.warn(
+            "save_state() with a sharding engine does not save accumulated gradients; the "
+            "checkpoint resumes exactly only at an optimizer-step boundary (save after "
+            "optimizer.step() and zero_grad()).",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
 def _gradient_jobs(
     models: list[torch.nn.Module], rank: int, copy: Callable[[Any], Any]
 ) -> list[FileJob]:
@@ -133,7 +166,7 @@ def _gradient_jobs(
     Saved only when present, so a checkpoint taken mid-accumulation resumes bitwise; each
     process writes its own, since with DDP's no_sync they differ between processes.
     """
-    jobs = []
+    jobs: list[FileJob] = []
     for index, model in enumerate(models):
         grads = _gradients(model)
         if grads:
@@ -183,7 +216,10 @@ def save_accelerator_state(
         states = [copy(s) for s in contents.model_states]
         plan.jobs = model_jobs(states, safe_serialization)
         plan.jobs += _shared_jobs(contents, copy, deferred)
-    plan.jobs += _gradient_jobs(contents.models, state.process_index, copy)
+    if _shards_parameters(contents):
+        _warn_sharded_gradients(contents.models)
+    else:
+        plan.jobs += _gradient_jobs(contents.models, state.process_index, copy)
     rng = {**capture_rng_state(), "step": step}
     plan.jobs.append(pickle_job(layout.rng_file(state.process_index), rng))
     plan.extra = {"step": step, "num_processes": state.num_processes}
@@ -191,6 +227,16 @@ def save_accelerator_state(
         buffers.finish()  # device copies landed: training may change the originals now
     prepare_staging(plan)
     state.wait_for_everyone()  # the staging folder exists before anyone writes into it
+    if _sharded(contents):  # collective: every process writes its shards now, in parallel
+        try:
+            plan.prewritten = save_sharded_parts(
+                plan.staging, contents.engine, contents.prepared_models, contents.optimizers
+            )
+        except Exception as exc:  # noqa: BLE001 - nothing is published; every process raises
+            if is_writer:
+                shutil.rmtree(plan.staging, ignore_errors=True)
+            _agree_on_outcome(state, exc)
+            raise
     if async_save:
         return PendingSave(plan, deferred)
     try:
@@ -275,9 +321,18 @@ def _mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
 
 
 def _start_model(
-    files: CheckpointReader, index: int, model: torch.nn.Module, strict: bool
+    files: CheckpointReader, index: int, model: torch.nn.Module, strict: bool, fresh: bool = False
 ) -> PendingRead:
-    """Start reading model ``index``; a strict mismatch raises before any weight is touched."""
+    """Start reading model ``index``; a strict mismatch raises before any weight is touched.
+
+    ``fresh``: the model's parameters are sharded, so read into new memory (no check against
+    its local state dict; the engine checks the full one).
+    """
+    if fresh:
+        safe_name = layout.model_file(index, True)
+        if files.exists(safe_name):
+            return files.start_tensors(safe_name, like=None)
+        return files.start_unpickle(layout.model_file(index, False), "cpu")
 
     def check(state: dict[str, torch.Tensor]) -> None:
         problem = _mismatch(model, state)
@@ -332,7 +387,9 @@ def _check_counts(folder: Path, contents: CheckpointContents) -> None:
             [p for p in folder.iterdir() if p.name.startswith(("model", "pytorch_model"))]
         ),
         "custom objects": len(list(folder.glob("custom_checkpoint_*.pkl"))),
-        "optimizers": len(list(folder.glob("optimizer*.bin"))),
+        "optimizers": len(
+            [p for p in folder.glob("optimizer*") if p.suffix == ".bin" or p.is_dir()]
+        ),
         "schedulers": len(list(folder.glob("scheduler*.bin"))),
     }
     given = {
@@ -370,27 +427,57 @@ def load_accelerator_state(
     folder = Path(input_dir)
     manifest = _open_manifest(folder, strict)
     _check_counts(folder, contents)
+    engine = contents.engine if contents.engine is not None else Strategy()
+    prepared = contents.prepared_models or contents.models
+    dcp_models = [i for i in range(len(prepared)) if (folder / sharded_model_dir(i)).is_dir()]
+    dcp_optimizers = [
+        i for i in range(len(contents.optimizers)) if (folder / sharded_optimizer_dir(i)).is_dir()
+    ]
     with CheckpointReader(folder, manifest) as files:
         # Every file is parsed and queued first, so parsing one overlaps reading the others;
         # each is applied only once all its blocks are read and verified.
-        models = [_start_model(files, i, m, strict) for i, m in enumerate(contents.models)]
+        gathered = _shards_parameters(contents)
+        models = [
+            None if i in dcp_models else _start_model(files, i, m, strict, fresh=gathered)
+            for i, m in enumerate(contents.models)
+        ]
         parts = [
             (part, target, _start_part(files, name, target, contents, map_location))
-            for part, name, target in _stateful_parts(contents)
+            for part, name, target in _stateful_parts(contents, skip=dcp_optimizers)
         ]
         for index, (model, pending) in enumerate(zip(contents.models, models)):
-            _apply_model(index, model, pending.result(), strict)
-        _load_gradients(files, contents.models)
+            if pending is None:
+                load_sharded_model(folder, index, engine, prepared[index], manifest)
+            elif gathered:
+                engine.load_model_state_dict(prepared[index], pending.result(), strict=strict)
+            else:
+                _apply_model(index, model, pending.result(), strict)
+        for index in dcp_optimizers:
+            optimizer = contents.optimizers[index]
+            load_sharded_optimizer(folder, index, engine, optimizer, prepared, manifest)
+        if not gathered:
+            _load_gradients(files, contents.models)
         for part, target, started in parts:
             try:
                 if isinstance(started, BaseException):
                     raise started
-                target.load_state_dict(started.result())
+                _restore(target, started.result(), contents, engine, prepared)
             except CorruptCheckpointError:
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 _warn_or_raise(part, exc, strict)
         return {"step": _load_rng(files, strict)}
+
+
+def _restore(
+    target: Any, state: Any, contents: CheckpointContents, engine: Any, prepared: list[Any]
+) -> None:
+    """Load one part; a sharding engine's optimizer takes its full (gathered) state through it."""
+    if _shards_parameters(contents) and any(target is o for o in contents.optimizers):
+        owner = optimizer_owner(target, prepared)
+        engine.load_optimizer_state_dict(owner, target, state, full=True)
+        return
+    target.load_state_dict(state)
 
 
 def _start_part(
@@ -399,7 +486,8 @@ def _start_part(
     """Start loading one stateful part; a failure is returned, to be raised in its turn."""
     # an optimizer's state tensors are replaced by the loaded ones anyway, so large files are
     # read into them in place (see hasten.checkpointing.scatter)
-    like = _current_state(target) if any(target is o for o in contents.optimizers) else None
+    is_optimizer = any(target is o for o in contents.optimizers)
+    like = _current_state(target) if is_optimizer and not _shards_parameters(contents) else None
     try:
         return files.start_unpickle(name, where, like=like)
     except CorruptCheckpointError:
@@ -416,10 +504,17 @@ def _current_state(optimizer: Any) -> Any:
         return None
 
 
-def _stateful_parts(contents: CheckpointContents) -> list[tuple[str, str, Any]]:
-    """(name for errors, file, object) of everything restored through ``load_state_dict``."""
+def _stateful_parts(
+    contents: CheckpointContents, skip: list[int] | None = None
+) -> list[tuple[str, str, Any]]:
+    """(name for errors, file, object) of everything restored through ``load_state_dict``.
+
+    Optimizers listed in ``skip`` are loaded from their sharded folders instead.
+    """
     parts: list[tuple[str, str, Any]] = [
-        (f"optimizer {i}", layout.optimizer_file(i), o) for i, o in enumerate(contents.optimizers)
+        (f"optimizer {i}", layout.optimizer_file(i), o)
+        for i, o in enumerate(contents.optimizers)
+        if i not in (skip or [])
     ]
     parts += [
         (f"scheduler {i}", layout.scheduler_file(i), s) for i, s in enumerate(contents.schedulers)

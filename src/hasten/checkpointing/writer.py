@@ -164,6 +164,7 @@ class SavePlan:
     is_writer: bool
     jobs: list[FileJob] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    prewritten: list[FileRecord] = field(default_factory=list)  # e.g. this process's DCP shards
     total_limit: int | None = None
     project_dir: str | None = None
     save_on_each_node: bool = False
@@ -301,7 +302,7 @@ def _run_plan(plan: SavePlan, before: Callable[[], None] | None) -> Path:
             with contextlib.suppress(OSError):
                 _publish_records(plan, [], error=f"copying its state to host memory: {exc}")
             raise
-    records = _write_all(plan)
+    records = plan.prewritten + _write_all(plan)
     _publish_records(plan, records)
     if not plan.is_writer:
         return plan.final

@@ -191,6 +191,8 @@ class FullyShardedDataParallelPlugin:
         if self.cpu_offload is None:
             self.cpu_offload = envvars.setting("FSDP_OFFLOAD_PARAMS")
         if isinstance(self.cpu_offload, bool):
+            # a bare request: the strategy may drop pinning where no accelerator can pin
+            self._cpu_offload_from_bool = self.cpu_offload
             if self.fsdp_version == 2:
                 self.cpu_offload = CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()
             else:

@@ -48,6 +48,8 @@ class Strategy:
     syncs_gradients: bool = False
     #: How save_state writes models and optimizers: "replicated" or "sharded" (DCP).
     checkpoint_layout: str = "replicated"
+    #: Whether parameters are split across processes (plain ``state_dict()`` is not the model).
+    shards_parameters: bool = False
 
     def check_usable(self) -> None:
         """Raise if this strategy cannot run yet (engines that are accepted but not wired)."""
@@ -187,14 +189,27 @@ class Strategy:
     def optimizer_state_dict(
         self, model: nn.Module, optimizer: Any, *, full: bool = True
     ) -> dict[str, Any]:
-        """The optimizer's state dict (sharded engines: keyed by parameter name)."""
-        return dict(optimizer.state_dict())
+        """The optimizer's state dict: ``full`` = torch's own format, else keyed by parameter
+        name (the form sharded checkpoints store, loadable on any number of processes)."""
+        if full:
+            return dict(optimizer.state_dict())
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        module = self.unwrap(model, keep_torch_compile=False)
+        return get_optimizer_state_dict(module, getattr(optimizer, "optimizer", optimizer))
 
     def load_optimizer_state_dict(
         self, model: nn.Module, optimizer: Any, state_dict: dict[str, Any], *, full: bool = True
     ) -> None:
         """Load what `optimizer_state_dict` returned."""
-        optimizer.load_state_dict(state_dict)
+        if full:
+            optimizer.load_state_dict(state_dict)
+            return
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        module = self.unwrap(model, keep_torch_compile=False)
+        inner = getattr(optimizer, "optimizer", optimizer)
+        set_optimizer_state_dict(module, inner, state_dict)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -50,7 +50,17 @@ def _label(distributed_type: Any) -> DistributedType:
 
 
 def _fsdp_strategy(plugin: Any, device: torch.device) -> Strategy:
-    return UnwiredStrategy("FSDP")
+    if plugin is None:
+        from hasten.config.fsdp import FullyShardedDataParallelPlugin
+
+        plugin = FullyShardedDataParallelPlugin()
+    if plugin.fsdp_version == 2:
+        from hasten.strategies.fsdp2 import FSDP2Strategy
+
+        return FSDP2Strategy(plugin, device)
+    from hasten.strategies.fsdp1 import FSDP1Strategy
+
+    return FSDP1Strategy(plugin, device)
 
 
 def select_strategy(

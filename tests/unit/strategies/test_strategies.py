@@ -10,7 +10,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hasten.config.enums import DistributedType
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.state.engine import EngineChoice
+from hasten.strategies.fsdp1 import FSDP1Strategy
+from hasten.strategies.fsdp2 import FSDP2Strategy
 from hasten.strategies import (
     DDPStrategy,
     SingleDeviceStrategy,
@@ -97,9 +100,11 @@ def test_select_maps_types_to_strategies() -> None:
     gpu = select_strategy("MULTI_GPU", device=torch.device("cuda", 1))
     assert isinstance(gpu, DDPStrategy)
     assert gpu.device_ids == [1]
-    fsdp = select_strategy(DistributedType.FSDP, device=cpu)
-    assert isinstance(fsdp, UnwiredStrategy)
-    assert fsdp.engine == "FSDP"
+    fsdp = select_strategy(DistributedType.FSDP, device=cpu)  # the default plugin's version
+    assert isinstance(fsdp, (FSDP1Strategy, FSDP2Strategy)) and fsdp.shards_parameters
+    plugin2 = FullyShardedDataParallelPlugin(fsdp_version=2)
+    chosen = select_strategy(EngineChoice("fsdp", DistributedType.FSDP, plugin2), device=cpu)
+    assert isinstance(chosen, FSDP2Strategy) and chosen.checkpoint_layout == "sharded"
     # A DeepSpeed request this run cannot honour (CPU) is refused, never silently ignored.
     choice = EngineChoice("none", DistributedType.MULTI_CPU, requested=("deepspeed",))
     plugin = select_strategy(choice, device=cpu)

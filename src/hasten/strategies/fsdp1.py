@@ -1,0 +1,196 @@
+"""FSDP1: the model wrapped in `FullyShardedDataParallel` (flat parameters), for existing configs.
+
+On a CPU-only run torch's FSDP1 needs ``device_id=torch.device("cpu")`` (hasten passes it), and
+it cannot offload parameters (``CPUOffload(offload_params=True)``), broadcast module states
+(``sync_module_states``, which ``cpu_ram_efficient_loading`` needs) or gather a full state dict
+with ``offload_to_cpu=True`` (it segfaults): the first two raise here with the reason, the last is
+avoided by gathering full state dicts without offload on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from hasten.precision import Precision
+from hasten.strategies.base import ModulePreparer
+from hasten.strategies.fsdp2 import ignored_modules
+from hasten.strategies.sharded import ShardedStrategy
+
+__all__ = ["FSDP1Strategy"]
+
+
+class FSDP1Strategy(ShardedStrategy):
+    """Wrap with ``torch.distributed.fsdp.FullyShardedDataParallel`` as the plugin asks."""
+
+    name = "fsdp1"
+
+    def __init__(self, plugin: Any, device: torch.device) -> None:
+        super().__init__(plugin, device)
+        # FULL_STATE_DICT with offload_to_cpu=True segfaults when FSDP1 computes on the CPU.
+        self.full_offload = device.type != "cpu"
+        self._prepared_roots: list[Any] = []  # FSDP roots, for clip_grad_norm_
+
+    @override
+    def check_usable(self) -> None:
+        if self.device.type != "cpu":
+            return
+        if getattr(self.plugin.cpu_offload, "offload_params", False):
+            raise ValueError(
+                "FSDP1 cannot offload parameters when it computes on the CPU (torch's "
+                "CPUOffload(offload_params=True) needs an accelerator; the parameters are in host "
+                "memory already). Set cpu_offload=False (fsdp_offload_params: false), or use "
+                "fsdp_version=2, whose CPUOffloadPolicy works here."
+            )
+        if self.plugin.sync_module_states:
+            raise ValueError(
+                "FSDP1's sync_module_states=True (also implied by cpu_ram_efficient_loading) "
+                "fails on a CPU-only run in torch. Set sync_module_states=False and "
+                "cpu_ram_efficient_loading=False, or use fsdp_version=2, which supports "
+                "cpu_ram_efficient_loading on the CPU."
+            )
+
+    def _wrap_kwargs(self, module: nn.Module) -> dict[str, Any]:
+        plugin = copy.copy(self.plugin)
+        plugin.set_auto_wrap_policy(module)
+        kwargs: dict[str, Any] = {
+            "sharding_strategy": plugin.sharding_strategy or plugin.reshard_after_forward,
+            "cpu_offload": plugin.cpu_offload,
+            "auto_wrap_policy": plugin.auto_wrap_policy,
+            "backward_prefetch": plugin.backward_prefetch,
+            "mixed_precision": plugin.mixed_precision_policy,
+            "forward_prefetch": bool(plugin.forward_prefetch),
+            "use_orig_params": bool(plugin.use_orig_params),
+            "limit_all_gathers": plugin.limit_all_gathers,
+            "sync_module_states": bool(plugin.sync_module_states),
+            "ignored_modules": ignored_modules(plugin, module) or None,
+            "param_init_fn": plugin.param_init_fn,
+            "device_id": self.device if self.device.type == "cpu" else self.device.index,
+        }
+        return kwargs
+
+    @override
+    def prepare_module(
+        self,
+        module: nn.Module,
+        device: torch.device | None,
+        *,
+        precision: Precision,
+        compile_fn: Callable[[nn.Module], nn.Module],
+    ) -> nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        self.check_usable()
+        precision.wrap_forward(module)
+        wrapped: nn.Module = FullyShardedDataParallel(module, **self._wrap_kwargs(module))
+        self._prepared_roots.append(wrapped)
+        if self.plugin.activation_checkpointing:
+            _checkpoint_blocks(self.plugin, wrapped, module)
+        return compile_fn(wrapped)
+
+    @override
+    def setup(
+        self,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+        schedulers: Sequence[Any],
+        prepare: ModulePreparer,
+        *,
+        earlier_optimizers: Sequence[torch.optim.Optimizer] = (),
+    ) -> tuple[list[nn.Module], list[torch.optim.Optimizer], list[Any]]:
+        if self.plugin.use_orig_params:
+            return super().setup(
+                models, optimizers, schedulers, prepare, earlier_optimizers=earlier_optimizers
+            )
+        originals = [list(m.parameters()) for m in models]
+        prepared = [prepare(m) for m in models]
+        for optimizer in optimizers:
+            _onto_flat_parameters(optimizer, originals, prepared)
+        return prepared, list(optimizers), list(schedulers)
+
+    @override
+    def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:
+        inner = self._root(module)
+        return inner.no_sync() if inner is not None else contextlib.nullcontext()
+
+    def _root(self, module: nn.Module) -> Any:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        module = getattr(module, "_orig_mod", module)
+        return module if isinstance(module, FullyShardedDataParallel) else None
+
+    @override
+    def _module(self, model: nn.Module) -> nn.Module:
+        root = self._root(model)
+        return root if root is not None else model
+
+    @override
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        wanted = {id(p) for p in parameters}
+        for root in self._prepared_roots:
+            if any(id(p) in wanted for p in root.parameters()):
+                return root.clip_grad_norm_(max_norm, norm_type)
+        raise ValueError(
+            "clip_grad_norm_ under FSDP1 clips a prepared model's parameters; pass "
+            "model.parameters() of a model returned by accelerator.prepare()."
+        )
+
+
+def _checkpoint_blocks(plugin: Any, wrapped: nn.Module, original: nn.Module) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    bound = copy.copy(plugin)
+    bound.set_auto_wrap_policy(original)
+    keywords = getattr(bound.auto_wrap_policy, "keywords", None) or {}
+    classes = tuple(keywords.get("transformer_layer_cls", ()))
+    if not classes:
+        raise ValueError(
+            "activation_checkpointing=True needs the layer classes to checkpoint: set "
+            "auto_wrap_policy='transformer_based_wrap' with transformer_cls_names_to_wrap."
+        )
+    apply_activation_checkpointing(
+        wrapped,
+        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(
+            m, checkpoint_impl=CheckpointImpl.NO_REENTRANT
+        ),
+        check_fn=lambda m: isinstance(m, classes),
+    )
+
+
+def _onto_flat_parameters(
+    optimizer: torch.optim.Optimizer,
+    originals: list[list[nn.Parameter]],
+    prepared: list[nn.Module],
+) -> None:
+    """Point an optimizer over all of one model's parameters at that model's flat parameters.
+
+    Raises:
+        ValueError: it has several parameter groups or a subset of the parameters (which flat
+            parameters cannot express: set use_orig_params=True).
+    """
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    for before, model in zip(originals, prepared):
+        if not any(p is q for p in held for q in before):
+            continue
+        if len(optimizer.param_groups) != 1 or {id(p) for p in held} != {id(p) for p in before}:
+            raise ValueError(
+                f"The optimizer {type(optimizer).__name__} has {len(optimizer.param_groups)} "
+                "parameter group(s) over part of the model; with use_orig_params=False FSDP1 "
+                "flattens the parameters, so only one group over all of them can follow. Set "
+                "use_orig_params=True in the FSDP plugin (fsdp_use_orig_params: true)."
+            )
+        optimizer.param_groups[0]["params"] = list(model.parameters())
+        optimizer.state.clear()
+        return

@@ -1,0 +1,113 @@
+"""What FSDP2 and FSDP1 share: state dicts through ``torch.distributed.checkpoint.state_dict``.
+
+torch's `get_model_state_dict` / `get_optimizer_state_dict` (and the ``set_*`` pair) understand
+plain modules, FSDP1 and FSDP2 alike: full state dicts are gathered (to rank 0 with CPU offload),
+sharded ones are this process's DTensor shards keyed by parameter name. Model and optimizer are
+always set in separate calls (the combined ``set_state_dict`` with an empty optimizer dict on
+non-zero ranks deadlocks on gloo).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from hasten.strategies.base import Strategy
+
+__all__ = ["ShardedStrategy", "inner_optimizer", "state_dict_options"]
+
+
+def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer under hasten's `AcceleratedOptimizer` wrapper."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def state_dict_options(*, full: bool, cpu_offload: bool, strict: bool = True) -> Any:
+    """`StateDictOptions` for a full (gathered, broadcast on load) or sharded state dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    if not full:
+        return StateDictOptions(strict=strict)
+    return StateDictOptions(
+        full_state_dict=True,
+        cpu_offload=cpu_offload,
+        broadcast_from_rank0=True,
+        strict=strict,
+    )
+
+
+class ShardedStrategy(Strategy):
+    """Base of the strategies whose parameters are split across processes.
+
+    Args:
+        plugin: the `FullyShardedDataParallelPlugin`.
+        device: this process's compute device.
+    """
+
+    syncs_gradients = True
+    shards_parameters = True
+    #: Whether full state dicts may be gathered with ``offload_to_cpu`` (FSDP1 segfaults on CPU).
+    full_offload = True
+
+    def __init__(self, plugin: Any, device: torch.device) -> None:
+        self.plugin = plugin
+        self.device = device
+        name = getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type))
+        self.checkpoint_layout = "sharded" if name == "SHARDED_STATE_DICT" else "replicated"
+
+    def _module(self, model: nn.Module) -> nn.Module:
+        return self.unwrap(model, keep_torch_compile=False)
+
+    @override
+    def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        options = state_dict_options(full=full, cpu_offload=self.full_offload)
+        return get_model_state_dict(self._module(model), options=options)
+
+    @override
+    def load_model_state_dict(
+        self,
+        model: nn.Module,
+        state_dict: dict[str, Any],
+        *,
+        full: bool = True,
+        strict: bool = True,
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        options = state_dict_options(full=full, cpu_offload=self.full_offload, strict=strict)
+        set_model_state_dict(self._module(model), state_dict, options=options)
+
+    @override
+    def optimizer_state_dict(
+        self, model: nn.Module, optimizer: Any, *, full: bool = True
+    ) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        options = state_dict_options(full=full, cpu_offload=self.full_offload)
+        return get_optimizer_state_dict(
+            self._module(model), inner_optimizer(optimizer), options=options
+        )
+
+    @override
+    def load_optimizer_state_dict(
+        self, model: nn.Module, optimizer: Any, state_dict: dict[str, Any], *, full: bool = True
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        options = state_dict_options(full=full, cpu_offload=self.full_offload)
+        set_optimizer_state_dict(
+            self._module(model), inner_optimizer(optimizer), state_dict, options=options
+        )
+
+    @override
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        to_full = getattr(norm, "full_tensor", None)
+        return to_full() if callable(to_full) else norm

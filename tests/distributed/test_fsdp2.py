@@ -1,0 +1,119 @@
+"""FSDP2 on 2 CPU processes over gloo: really sharded, same weights as DDP, exact resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from _support.distributed import run_distributed
+from _support.fsdp_models import TinyTransformer, train
+
+pytestmark = pytest.mark.distributed
+
+
+def _accelerator(engine: str, steps: int = 1, mixed_precision: str = "no", **fsdp: Any) -> Any:
+    from hasten import Accelerator
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+
+    plugin = None
+    if engine != "ddp":
+        version = 2 if engine == "fsdp2" else 1
+        fsdp.setdefault("auto_wrap_policy", "transformer_based_wrap")
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=version, **fsdp)
+    return Accelerator(
+        fsdp_plugin=plugin, gradient_accumulation_steps=steps, mixed_precision=mixed_precision
+    )
+
+
+def _run(engine: str, steps: int, mixed_precision: str, **fsdp: Any) -> dict[str, Any]:
+    accelerator = _accelerator(engine, steps, mixed_precision, **fsdp)
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    local = sum(getattr(p, "_local_tensor", p).numel() for p in model.parameters())
+    total = sum(p.numel() for p in TinyTransformer().parameters())
+    losses = train(accelerator, model, optimizer, 6, clip=1.0)
+    state = accelerator.get_state_dict(model)
+    return {
+        "losses": losses,
+        "fraction": local / total,
+        "state": {k: v.float().tolist() for k, v in state.items()},  # no shared memory
+        "strategy": accelerator.strategy.name,
+        "is_fsdp2": accelerator.is_fsdp2,
+        "distributed_type": str(accelerator.distributed_type),
+    }
+
+
+def _compare(engine: str, steps: int, mixed_precision: str, atol: float) -> None:
+    ddp = run_distributed(_run, "ddp", steps, mixed_precision, world_size=2, timeout=90)
+    sharded = run_distributed(_run, engine, steps, mixed_precision, world_size=2, timeout=90)
+    assert sharded[0]["strategy"] == engine and sharded[0]["distributed_type"].endswith("FSDP")
+    # each process holds about half of the parameters
+    assert 0.4 < sharded[0]["fraction"] < 0.6 and 0.4 < sharded[1]["fraction"] < 0.6
+    assert ddp[0]["fraction"] == 1.0
+    assert sharded[1]["state"] == {}  # full state dicts are gathered to the main process
+    for key, value in ddp[0]["state"].items():
+        got, want = torch.tensor(sharded[0]["state"][key]), torch.tensor(value)
+        torch.testing.assert_close(got, want, atol=atol, rtol=0, msg=key)
+    assert sharded[0]["losses"] == pytest.approx(ddp[0]["losses"], abs=atol * 10)
+
+
+@pytest.mark.timeout(200)
+def test_fsdp2_matches_ddp_with_and_without_accumulation() -> None:
+    _compare("fsdp2", 1, "no", atol=1e-5)
+    _compare("fsdp2", 2, "no", atol=1e-5)
+
+
+@pytest.mark.timeout(200)
+def test_fsdp2_bf16_matches_ddp_bf16_within_bf16_tolerance() -> None:
+    _compare("fsdp2", 2, "bf16", atol=3e-2)
+
+
+def _resume(folder: str, phase: str) -> dict[str, Any]:
+    accelerator = _accelerator("fsdp2")
+    torch.manual_seed(0 if phase != "resume" else 99)  # resume starts from other weights
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if phase == "full":
+        return {"losses": train(accelerator, model, optimizer, 6, clip=1.0)}
+    if phase == "save":
+        train(accelerator, model, optimizer, 3, clip=1.0)
+        accelerator.save_state(folder)
+        state = accelerator.get_state_dict(model)
+        mine = sorted(p.name for p in (Path(folder) / "pytorch_model_fsdp_0").iterdir())
+        return {"state": {k: v.tolist() for k, v in state.items()}, "files": mine}
+    accelerator.load_state(folder)
+    return {"losses": train(accelerator, model, optimizer, 3, clip=1.0, start=3)}
+
+
+@pytest.mark.timeout(200)
+def test_fsdp2_sharded_save_state_resumes_exactly_and_on_one_process(tmp_path: Path) -> None:
+    folder = str(tmp_path / "ckpt")
+    full = run_distributed(_resume, folder, "full", world_size=2, timeout=60)
+    saved = run_distributed(_resume, folder, "save", world_size=2, timeout=60)
+    assert saved[0]["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    names = sorted(p.name for p in Path(folder).iterdir())
+    assert "optimizer_0" in names and "hasten_manifest.json" in names
+    assert "model.safetensors" not in names
+    resumed = run_distributed(_resume, folder, "resume", world_size=2, timeout=60)
+    assert resumed[0]["losses"] == full[0]["losses"][3:]  # bitwise
+    assert resumed[1]["losses"] == full[1]["losses"][3:]
+    # 2 -> 1: one process (no process group) loads the shards into a plain model
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.load_state(folder)
+    for key, value in saved[0]["state"].items():
+        assert torch.equal(model.state_dict()[key], torch.tensor(value)), key
+    assert len(optimizer.state) == len(list(model.parameters()))
+    x = torch.randn(2, 8)
+    model(x).sum().backward()
+    optimizer.step()  # the loaded optimizer state is usable
