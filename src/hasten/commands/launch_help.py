@@ -23,6 +23,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, ...]] = {
     "FSDP": ("--use_fsdp",),
     "DeepSpeed": ("--use_deepspeed",),
     "Megatron-LM": ("--use_megatron_lm",),
+    "fp8 training (with --mixed_precision fp8)": ("--fp8_backend",),
 }
 
 
