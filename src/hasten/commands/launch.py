@@ -19,6 +19,7 @@ from hasten.config import envvars
 from hasten.config.enums import DynamoBackend, PrecisionType, enum_value
 from hasten.launchers.elastic import run, run_workers, script_command
 from hasten.launchers.env import plugin_env, setup_fp8_env, worker_env
+from hasten.launchers.options import add_option_flags, option_env
 from hasten.launchers.plan import RDZV_BACKENDS, SETTINGS, LaunchPlan, build_plan, resolve_settings
 from hasten.launchers.sagemaker import run_sagemaker
 from hasten.launchers.slurm import slurm_topology
@@ -222,6 +223,7 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     _add_topology_flags(parser)
     _add_training_flags(parser)
     _add_fp8_flags(parser)
+    add_option_flags(parser)
     _add_platform_flags(parser)
     command = parser.add_argument_group("Command")
     command.add_argument(
@@ -311,6 +313,7 @@ def _plan_and_env(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, str]]
     env = worker_env(plan, plugin_values=plugin_env(config or {}))
     # --fp8_* flags beat fp8_config (flags > environment > config file); --env still wins.
     setup_fp8_env(args, env)
+    env.update(option_env(args))  # --use_fsdp / --fsdp_* flags (one table: launchers/options.py)
     env.update(dict(plan.extra_env))
     return plan, env
 

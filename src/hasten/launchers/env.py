@@ -14,6 +14,7 @@ from typing import Any
 
 from hasten.config import envvars
 from hasten.config.enums import enum_value
+from hasten.launchers.options import LAUNCH_OPTIONS
 from hasten.launchers.plan import LaunchPlan
 
 __all__ = ["apply_worker_env", "plugin_env", "setup_fp8_env", "worker_env"]
@@ -59,6 +60,7 @@ def plugin_env(config: Mapping[str, Any]) -> dict[str, str]:
     Megatron-LM keys ``MEGATRON_LM_*``. Keys without a variable in the table are left out
     (the plugin reads them from its own config).
     """
+    renamed = {**_RENAMED, **{option.dest: option.env for option in LAUNCH_OPTIONS}}
     values: dict[str, str] = {}
     flag = _ENGINE_FLAGS.get(enum_value(config.get("distributed_type", "")).upper())
     if flag is not None:
@@ -68,7 +70,7 @@ def plugin_env(config: Mapping[str, Any]) -> dict[str, str]:
             if key.removeprefix(strip) == "override_linear_precision" and value is not None:
                 values.update(_fp8_overrides(value))
                 continue
-            name = _RENAMED.get(key) or prefix + key.removeprefix(strip).upper()
+            name = renamed.get(key) or prefix + key.removeprefix(strip).upper()
             if value is not None and name in envvars.ENV_VARS:
                 values[name] = _text(value)
     return values

@@ -12,8 +12,6 @@ from torch.nn.parallel import DistributedDataParallel
 from hasten.config.enums import DistributedType
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.state.engine import EngineChoice
-from hasten.strategies.fsdp1 import FSDP1Strategy
-from hasten.strategies.fsdp2 import FSDP2Strategy
 from hasten.strategies import (
     DDPStrategy,
     SingleDeviceStrategy,
@@ -21,6 +19,8 @@ from hasten.strategies import (
     UnwiredStrategy,
     select_strategy,
 )
+from hasten.strategies.fsdp1 import FSDP1Strategy
+from hasten.strategies.fsdp2 import FSDP2Strategy
 
 
 @pytest.fixture
