@@ -63,7 +63,7 @@ from hasten.tracking.manager import TrackerManager
 from hasten.training import metrics, profiling
 from hasten.training.accumulation import GradientAccumulator
 from hasten.training.compile import compile_model
-from hasten.training.lomo import lomo_backward
+from hasten.training.lomo import is_lomo_optimizer, lomo_backward
 from hasten.training.prepare import (
     PreparedRegistry,
     check_optimizer_device,
@@ -741,7 +741,8 @@ class Accelerator:
     # ------------------------------------------------------------------ training step
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` (divided by the accumulation steps, scaled under fp16).
+        """Backpropagate ``loss`` (divided by the accumulation steps, scaled under fp16); with
+        ``learning_rate=`` and a prepared LOMO optimizer, run its fused backward + update.
 
         Raises:
             RuntimeError: under fp16 before any optimizer was prepared (the scaled gradients
@@ -753,7 +754,17 @@ class Accelerator:
                 "prepared to unscale the gradients: pass the optimizer to accelerator.prepare() "
                 "before training."
             )
+        if kwargs.get("learning_rate") is not None and self.has_lomo_optimizer:
+            # Accelerate's (and transformers' Trainer's) spelling of a LOMO step
+            learning_rate = kwargs.pop("learning_rate")
+            lomo_backward(self._optimizers, loss / self.gradient_accumulation_steps, learning_rate)
+            return
         self._backward(loss, **kwargs)
+
+    @property
+    def has_lomo_optimizer(self) -> bool:
+        """Whether a LOMO/AdaLomo optimizer (lomo-optim) was prepared."""
+        return any(is_lomo_optimizer(opt) for opt in self._optimizers)
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward and update in one pass with the prepared LOMO/AdaLomo optimizer (lomo-optim).

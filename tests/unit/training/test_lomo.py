@@ -40,6 +40,25 @@ def test_lomo_backward_updates_like_sgd_in_one_pass() -> None:
 
 
 @needs_lomo
+def test_backward_with_learning_rate_is_a_lomo_step_as_in_accelerate() -> None:
+    from lomo_optim import Lomo  # optional: lomo-optim
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = _model()
+    reference = copy.deepcopy(model)
+    model, _ = acc.prepare(model, Lomo(model, lr=0.1))
+    assert acc.has_lomo_optimizer
+    x = torch.randn(5, 3)
+    acc.backward(model(x).pow(2).mean(), learning_rate=0.05)  # transformers' Trainer does this
+    (reference(x).pow(2).mean() / 2).backward()  # divided by the accumulation steps
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach() - 0.05 * q.grad)
+    plain = Accelerator(cpu=True)
+    plain.prepare(torch.optim.SGD(_model().parameters(), lr=0.1))
+    assert not plain.has_lomo_optimizer
+
+
+@needs_lomo
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="AdaLomo allocates its state with .cuda() (needs CUDA)"
