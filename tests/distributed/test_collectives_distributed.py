@@ -148,3 +148,17 @@ def test_seed_and_rng_sync_on_two_processes() -> None:
     assert out0["again"] == out1["again"]
     torch.manual_seed(0)
     assert out0["again"] == torch.rand(1).tolist()  # rank 0's state won
+
+
+def _shape_from_rank_one() -> tuple[list[int], int]:
+    from hasten.ops.shapes import gather_tensor_shape
+    from hasten.state import PartialState
+
+    state = PartialState()
+    tensor = torch.ones(4, 2, dtype=torch.bfloat16) if state.process_index == 1 else None
+    shape, code = gather_tensor_shape(tensor)
+    return shape.tolist(), code
+
+
+def test_gather_tensor_shape_tells_every_process() -> None:
+    assert run_distributed(_shape_from_rank_one, world_size=2, timeout=60) == [([4, 2], 4)] * 2

@@ -8,8 +8,9 @@ signature (``inspect.signature`` follows ``__wrapped__``), and the attribute nam
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -305,6 +306,24 @@ class AlignDevicesHook(ModelHook):
         if self.io_same_device and self.input_device is not None:
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
         return output
+
+    @contextlib.contextmanager
+    def weights_loaded(
+        self, module: nn.Module, device: int | str | torch.device | None = None
+    ) -> Iterator[None]:
+        """Hold the offloaded weights on `device` (default: the execution device) for a block.
+
+        The same loading and dropping a forward does, without running one.
+        """
+        saved = self.execution_device, self._device
+        if device is not None:
+            self.execution_device, self._device = device, as_device(device)
+        try:
+            self.pre_forward(module)
+            yield
+        finally:
+            self.post_forward(module, None)
+            self.execution_device, self._device = saved
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
         if self.offload and self.weights_map is not None:

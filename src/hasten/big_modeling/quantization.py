@@ -24,15 +24,23 @@ from hasten.big_modeling.device_map import (
 from hasten.big_modeling.dispatch import dispatch_model
 from hasten.big_modeling.init import init_empty_weights
 from hasten.big_modeling.loading import load_checkpoint_in_model
-from hasten.big_modeling.tensors import find_tied_parameters
+from hasten.big_modeling.offload import offload_weight
+from hasten.big_modeling.tensors import (
+    find_tied_parameters,
+    set_module_tensor_to_device,
+    split_tensor_name,
+)
 from hasten.config.enums import CustomDtype
 from hasten.config.quantization import BnbQuantizationConfig
 from hasten.core.imports import require
 
 __all__ = [
     "get_keys_to_not_convert",
+    "get_parameter_device",
+    "get_quantized_model_device_map",
     "has_4bit_bnb_layers",
     "load_and_quantize_model",
+    "quantize_and_offload_8bit",
     "replace_with_bnb_layers",
 ]
 
@@ -185,6 +193,93 @@ def _plan(
         dtype=config.torch_dtype,
         special_dtypes=special,
     )
+
+
+def get_parameter_device(parameter: nn.Module) -> torch.device:
+    """Return the device of `parameter`'s first parameter (a module's "where it lives").
+
+    Raises:
+        ValueError: the module has no parameters.
+    """
+    first = next(parameter.parameters(), None)
+    if first is None:
+        raise ValueError(f"{type(parameter).__name__} has no parameters, so it has no device")
+    return first.device
+
+
+def get_quantized_model_device_map(
+    model: nn.Module,
+    bnb_quantization_config: BnbQuantizationConfig,
+    device_map: Any = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+) -> dict[str, Any]:
+    """Plan where each module of a model being quantized goes, counting quantized weights small.
+
+    `device_map` may be a dict (checked), a strategy name (``"auto"``, ``"balanced"``,
+    ``"balanced_low_0"``, ``"sequential"``) or None (everything on the first accelerator, or
+    the CPU, where bitsandbytes also runs).
+
+    Raises:
+        ValueError: an unknown strategy, or 4-bit modules planned onto the CPU or disk (4-bit
+            weights cannot be offloaded; pass a map keeping those modules unquantized).
+    """
+    config = bnb_quantization_config
+    keep_fp32 = list(config.keep_in_fp32_modules or [])
+    planned = _plan(model, config, device_map, max_memory, no_split_module_classes, keep_fp32)
+    skipped = list(config.skip_modules or []) + keep_fp32
+    offloaded = sorted(
+        key
+        for key, device in planned.items()
+        if str(device) in ("cpu", "disk") and not _skipped(key, skipped)
+    )
+    on_accelerator = any(str(device) not in ("cpu", "disk") for device in planned.values())
+    if offloaded and on_accelerator:
+        if config.load_in_4bit:
+            raise ValueError(
+                f"Modules {offloaded} are planned onto the CPU or disk, but 4-bit weights cannot "
+                "be offloaded. Give the accelerator more max_memory, or pass a device_map that "
+                "offloads only modules listed in skip_modules/keep_in_fp32_modules."
+            )
+        logger.info("Modules %s are offloaded; they will be converted to 8-bit", offloaded)
+    return planned
+
+
+def quantize_and_offload_8bit(
+    model: nn.Module,
+    param: torch.Tensor,
+    param_name: str,
+    new_dtype: torch.dtype | str | None,
+    offload_folder: str | os.PathLike[str],
+    offload_index: dict[str, Any],
+    fp16_statistics: torch.Tensor | None,
+) -> None:
+    """Quantize weight `param_name` to 8 bits, write it (and its ``SCB`` scales) to `offload_folder`.
+
+    A weight without `fp16_statistics` is quantized by placing it on the compute device (as a
+    bitsandbytes ``Int8Params``); an already quantized one is written as it is with its
+    statistics. Afterwards the model holds a meta placeholder, and `offload_index` lists both.
+    """
+    if fp16_statistics is None:
+        set_module_tensor_to_device(
+            model, param_name, _default_device(), value=param, dtype=new_dtype
+        )
+        owner, local = split_tensor_name(model, param_name)
+        quantized = owner._parameters[local]
+        if quantized is None:
+            raise ValueError(f"{param_name!r} is not a parameter of the model; cannot quantize it")
+        quantized.requires_grad = False
+        offload_weight(quantized, param_name, offload_folder, index=offload_index)
+        scales = getattr(quantized, "SCB", None)
+        if scales is not None:
+            scb_name = param_name.replace("weight", "SCB")
+            offload_weight(scales, scb_name, offload_folder, index=offload_index)
+    else:
+        offload_weight(param, param_name, offload_folder, index=offload_index)
+        scb_name = param_name.replace("weight", "SCB")
+        offload_weight(fp16_statistics, scb_name, offload_folder, index=offload_index)
+    placeholder = torch.empty(*param.size())
+    set_module_tensor_to_device(model, param_name, "meta", dtype=new_dtype, value=placeholder)
 
 
 def load_and_quantize_model(

@@ -22,6 +22,7 @@ __all__ = [
     "ModuleTree",
     "calculate_maximum_sizes",
     "compute_module_sizes",
+    "compute_module_total_buffer_size",
     "convert_file_size_to_int",
     "dtype_byte_size",
     "get_max_layer_size",
@@ -482,3 +483,15 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
         elif size == best:
             names.append(tree.names[i])
     return sizes[""], (best, names)  # type: ignore[return-value]
+
+
+def compute_module_total_buffer_size(
+    model: nn.Module,
+    dtype: str | torch.device | None = None,
+    special_dtypes: dict[str, str | torch.device] | None = None,
+) -> int:
+    """Return the bytes of all of `model`'s buffers (counted at `dtype` / `special_dtypes` if given)."""
+    sizes = compute_module_sizes(
+        model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True
+    )
+    return sizes.get("", 0)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -14,9 +15,13 @@ from hasten.big_modeling.sizes import resolve_dtype
 
 __all__ = [
     "as_device",
+    "check_device_same",
+    "check_tied_parameters_in_config",
     "check_tied_parameters_on_same_device",
+    "ensure_weights_retied",
     "find_tied_parameters",
     "get_module_children_bottom_up",
+    "get_module_class_from_name",
     "get_non_persistent_buffers",
     "named_module_tensors",
     "retie_parameters",
@@ -330,3 +335,86 @@ def get_module_children_bottom_up(
     if return_fqns:
         return order
     return [module for _, module in order]
+
+
+def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
+    """Return whether two devices are the same, counting ``cuda`` as ``cuda:0`` (torch does not)."""
+    if first_device.type != second_device.type:
+        return False
+
+    def indexed(device: torch.device) -> torch.device:
+        if device.type != "cpu" and device.index is None:
+            return torch.device(device.type, 0)
+        return device
+
+    return indexed(first_device) == indexed(second_device)
+
+
+def check_tied_parameters_in_config(model: nn.Module) -> bool:
+    """Return whether a transformers model says some of its weights should be tied.
+
+    Reads what ``PreTrainedModel.tie_weights`` would act on: ``tie_word_embeddings`` with output
+    embeddings, ``tie_encoder_decoder`` on an encoder-decoder, or a module with ``_tie_weights``.
+    Any other model answers False.
+    """
+    if "PreTrainedModel" not in [cls.__name__ for cls in inspect.getmro(type(model))]:
+        return False
+    config = getattr(model, "config", None)
+    decoder_config = config
+    if config is not None and hasattr(config, "get_text_config"):
+        decoder_config = config.get_text_config(decoder=True)
+    word_embeddings = bool(
+        decoder_config is not None
+        and getattr(decoder_config, "tie_word_embeddings", False)
+        and model.get_output_embeddings()  # type: ignore[operator]
+    )
+    encoder_decoder = bool(
+        getattr(config, "is_encoder_decoder", False)
+        and getattr(config, "tie_encoder_decoder", False)
+    )
+    tied_module = any(hasattr(module, "_tie_weights") for module in model.modules())
+    return word_embeddings or encoder_decoder or tied_module
+
+
+def ensure_weights_retied(
+    param_init_fn: Callable[[nn.Module], nn.Module], model: nn.Module, device: torch.device
+) -> Callable[[nn.Module], nn.Module]:
+    """Wrap `param_init_fn` so parameters tied in `model` (``_tied_weights_keys``) stay tied.
+
+    An init function that allocates fresh parameters (FSDP's ``param_init_fn`` on a meta model)
+    would otherwise give each tied name its own tensor: the wrapper ties every later occurrence
+    to the first one initialised. Without ``_tied_weights_keys`` `param_init_fn` is returned.
+    """
+    del device  # Accelerate's signature; the parameters are re-tied wherever init put them
+    tied_names = getattr(model, "_tied_weights_keys", None)
+    if not tied_names:
+        return param_init_fn
+    tied: dict[int, nn.Parameter | None] = {}
+    for name in tied_names:
+        owner, _, attribute = name.rpartition(".")
+        tied[id(getattr(model.get_submodule(owner), attribute))] = None
+
+    def init_keeping_ties(module: nn.Module) -> nn.Module:
+        to_tie = [
+            (key, name)
+            for name, param in module.named_parameters(recurse=False)
+            if (key := id(param)) in tied
+        ]
+        module = param_init_fn(module)
+        for key, name in to_tie:
+            first = tied[key]
+            if first is None:
+                tied[key] = getattr(module, name)
+            else:
+                setattr(module, name, first)
+        return module
+
+    return init_keeping_ties
+
+
+def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] | None:
+    """Return the class named `name` among `module` and its submodules (depth first), or None."""
+    for sub in module.modules():
+        if type(sub).__name__ == name:
+            return type(sub)
+    return None

@@ -25,6 +25,7 @@ from hasten.state import PartialState
 
 __all__ = [
     "EarlyWriteback",
+    "TORCH_SAFE_GLOBALS",  # noqa: F822 - built on first use by the module __getattr__
     "UnsafeCheckpointError",
     "atomic_write",
     "fsync_directory",
@@ -42,15 +43,33 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
     """A checkpoint needs more than tensors and plain data to load, so it was refused."""
 
 
-def safe_globals() -> list[Any]:
-    """The extra types allowed during a ``weights_only`` load: what numpy RNG states pickle to."""
-    import numpy as np
+_SAFE_GLOBALS: list[Any] = []
 
-    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core to np._core
-    allowed: list[Any] = [core.multiarray._reconstruct, np.ndarray, np.dtype]
-    allowed += [type(np.dtype(kind)) for kind in ("uint32", "int64", "float64", "float32", "bool")]
-    allowed += [np.uint32, np.int64, np.float64, np.float32, np.bool_]
-    return allowed
+
+def safe_globals() -> list[Any]:
+    """The extra types allowed during a ``weights_only`` load: what numpy RNG states pickle to.
+
+    One list per process, built on first use; it is also ``TORCH_SAFE_GLOBALS``, so what a user
+    appends there is allowed by every later `load`.
+    """
+    if not _SAFE_GLOBALS:
+        import numpy as np
+
+        core = getattr(np, "_core", None) or np.core  # numpy 2 renamed np.core to np._core
+        allowed: list[Any] = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+        allowed += [
+            type(np.dtype(kind)) for kind in ("uint32", "int64", "float64", "float32", "bool")
+        ]
+        allowed += [np.uint32, np.int64, np.float64, np.float32, np.bool_]
+        _SAFE_GLOBALS.extend(allowed)
+    return _SAFE_GLOBALS
+
+
+def __getattr__(name: str) -> Any:
+    # TORCH_SAFE_GLOBALS (Accelerate's name) is built on first use: it needs numpy.
+    if name == "TORCH_SAFE_GLOBALS":
+        return safe_globals()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def fsync_directory(path: str | os.PathLike[str]) -> None:

@@ -8,6 +8,7 @@ that was checksummed: peak memory while loading is the model plus one file.
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 from typing import Any
 
@@ -15,11 +16,15 @@ import torch
 
 __all__ = [
     "ALIASES_KEY",
+    "clean_state_dict_for_safetensors",
     "dedupe_shared_tensors",
+    "id_tensor_storage",
     "safetensors_bytes",
     "tensors_from_safetensors",
     "write_safetensors",
 ]
+
+logger = logging.getLogger(__name__)
 
 # safetensors metadata key listing tied names dropped from the file (alias -> kept name).
 ALIASES_KEY = "hasten_tied_aliases"
@@ -67,6 +72,50 @@ def dedupe_shared_tensors(
         owner[key] = name
         kept[name] = tensor
     return kept, aliases
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
+    """Identify `tensor`'s storage as ``(device, data pointer, bytes)``: equal for shared memory.
+
+    Two tensors with the same triple are views of one storage (tied weights), which safetensors
+    refuses to save twice. Meta tensors have no pointer (0) and report their own size.
+    """
+    if tensor.device.type == "xla":
+        xla = __import__("torch_xla")  # optional: torch_xla
+        return tensor.device, int(xla._XLAC._xla_get_tensor_id(tensor)), 0
+    if tensor.device.type == "meta":
+        return tensor.device, 0, tensor.nelement() * tensor.element_size()
+    storage = tensor.untyped_storage()
+    return tensor.device, int(storage.data_ptr()), int(storage.nbytes())
+
+
+def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Drop, from `state_dict` itself, every name but the first of each shared storage; make tensors contiguous.
+
+    safetensors refuses aliased tensors (tied weights). Removed names are logged: a model that
+    ties them again on load gets them back. Non-tensor entries (bitsandbytes metadata strings)
+    are kept. Returns a new dict of the remaining entries.
+    """
+    first: dict[tuple[Any, int, int], str] = {}
+    removed: list[str] = []
+    for name, tensor in list(state_dict.items()):
+        if isinstance(tensor, str):
+            continue
+        key = id_tensor_storage(tensor)
+        if key[1] == 0:  # meta: no storage to share
+            continue
+        if key in first:
+            removed.append(name)
+            del state_dict[name]
+        else:
+            first[key] = name
+    if removed:
+        logger.warning(
+            "Removed shared tensor %s while saving. This should be OK, but check by verifying "
+            "that you don't receive any warning while reloading",
+            set(removed),
+        )
+    return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state_dict.items()}
 
 
 def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:

@@ -14,11 +14,13 @@ import enum
 from typing import Any
 
 __all__ = [
+    "BaseEnum",
     "ComputeEnvironment",
     "CustomDtype",
     "DDPCommunicationHookType",
     "DistributedType",
     "DynamoBackend",
+    "EnumWithContains",
     "FP8BackendType",
     "LoggerType",
     "PrecisionType",
@@ -40,6 +42,10 @@ class _ValueContainsMeta(enum.EnumMeta):
         except ValueError:
             return False
         return True
+
+
+# Accelerate's public names for the two: the metaclass and the base of every str enum.
+EnumWithContains = _ValueContainsMeta
 
 
 def enum_value(value: Any) -> str:
@@ -82,6 +88,9 @@ class _StrEnum(str, enum.Enum, metaclass=_ValueContainsMeta):
         raise ValueError(
             f"{value!r} is not a valid {cls.__name__}; use one of {cls.list()} (any case)."
         )
+
+
+BaseEnum = _StrEnum
 
 
 class ComputeEnvironment(_StrEnum):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AORecipeKwargs",
+    "AmaxComputeAlgorithm",
     "AutocastKwargs",
+    "Backend",
     "DistributedDataParallelKwargs",
     "FP8Format",
     "FP8RecipeKwargs",
@@ -32,6 +35,7 @@ __all__ = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "MSAMPRecipeKwargs",
+    "OptLevel",
     "ProfileKwargs",
     "TERecipeKwargs",
 ]
@@ -437,9 +441,14 @@ def _fp8(suffix: str) -> Any:
 _FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 #: The fp8 formats a TransformerEngine recipe accepts (Accelerate's type alias).
 FP8Format = Literal["HYBRID", "E4M3", "E5M2"]
-_AMAX_ALGOS = ("max", "most_recent")
-_OPT_LEVELS = ("O1", "O2")
-_FP8_BACKENDS = ("MSAMP", "TE")
+
+# Accelerate's type names for the fp8 recipe choices (typing.Literal aliases).
+AmaxComputeAlgorithm = Literal["max", "most_recent"]
+OptLevel = Literal["O1", "O2"]
+Backend = Literal["MSAMP", "TE"]
+_AMAX_ALGOS = typing.get_args(AmaxComputeAlgorithm)
+_OPT_LEVELS = typing.get_args(OptLevel)
+_FP8_BACKENDS = typing.get_args(Backend)
 
 
 @dataclasses.dataclass

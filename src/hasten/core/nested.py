@@ -31,6 +31,7 @@ __all__ = [
     "is_namedtuple",
     "is_tensor_information",
     "is_torch_tensor",
+    "is_torch_xpu_tensor",
     "listify",
     "merge_dicts",
     "rebuild_mapping",
@@ -54,6 +55,11 @@ class TensorInformation:
 def is_torch_tensor(tensor: Any) -> bool:
     """Return True when ``tensor`` is a `torch.Tensor` (the default leaf test)."""
     return isinstance(tensor, _Tensor)
+
+
+def is_torch_xpu_tensor(tensor: Any) -> bool:
+    """Return whether `tensor` is a tensor on an Intel XPU."""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
 
 
 def is_tensor_information(tensor_info: Any) -> bool:

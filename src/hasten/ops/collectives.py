@@ -15,7 +15,7 @@ import torch
 
 from hasten.core.nested import recursively_apply
 from hasten.ops.comm import Communicator, current_comm
-from hasten.ops.debug import verify_operation
+from hasten.ops.debug import check_operation
 from hasten.ops.flat import buckets, flatten
 
 __all__ = [
@@ -74,7 +74,7 @@ def gather(tensor: Any) -> Any:
         return tensor
     leaves, rebuild = flatten(tensor, "gather", _GATHER_HINT)
     if comm.debug:
-        verify_operation(comm, "gather", tensor)
+        check_operation(comm, "gather", tensor)
     outs: list[Any] = [None] * len(leaves)
     for group in buckets(leaves):
         for index, out in zip(group, _gather_group(comm, [leaves[i] for i in group], tensor)):
@@ -92,7 +92,7 @@ def gather_object(object: Any) -> Any:  # noqa: A002 - Accelerate's parameter na
     if comm.num_processes == 1:
         return object
     if comm.debug:
-        verify_operation(comm, "gather_object", detail="objects")
+        check_operation(comm, "gather_object", detail="objects")
     result: list[Any] = []
     for item in comm.all_gather_object(object, "gather_object"):
         if isinstance(item, (list, tuple)):
@@ -137,7 +137,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     _check_source(from_process, comm, "broadcast")
     leaves, rebuild = flatten(tensor, "broadcast", "Use `broadcast_object_list` for objects.")
     if comm.debug:
-        verify_operation(comm, "broadcast", tensor)
+        check_operation(comm, "broadcast", tensor)
     for group in buckets(leaves):
         _broadcast_group(comm, [leaves[i] for i in group], from_process, tensor)
     return rebuild(leaves)
@@ -156,7 +156,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
         return object_list
     _check_source(from_process, comm, "broadcast_object_list")
     if comm.debug:
-        verify_operation(comm, "broadcast_object_list", detail=f"list of {len(object_list)}")
+        check_operation(comm, "broadcast_object_list", detail=f"list of {len(object_list)}")
     comm.broadcast_object_list(object_list, from_process, "broadcast_object_list")
     return object_list
 
@@ -231,7 +231,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     leaves, rebuild = flatten(tensor, "reduce")
     _check_reduction(reduction, leaves)
     if comm.debug:
-        verify_operation(comm, "reduce", tensor)
+        check_operation(comm, "reduce", tensor)
     reduce_op = "max" if reduction == "max" else "sum"
     outs: list[Any] = [None] * len(leaves)
     for group in buckets(leaves):
@@ -296,7 +296,7 @@ def pad_across_processes(
         elif -leaf.dim() <= dim < leaf.dim():
             targets.append(index)
     if comm.debug:
-        verify_operation(comm, "pad_across_processes", tensor, masked_dim=dim)
+        check_operation(comm, "pad_across_processes", tensor, masked_dim=dim)
     if not targets:
         return tensor
     first = leaves[targets[0]]

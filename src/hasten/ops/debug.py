@@ -8,14 +8,23 @@ left waiting in a collective that can never complete.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 
-from hasten.ops.comm import Communicator
+from hasten.ops.comm import Communicator, current_comm
 
-__all__ = ["DistributedOperationException", "signature", "verify_operation"]
+__all__ = [
+    "DistributedOperationException",
+    "chained_operation",
+    "check_operation",
+    "signature",
+    "verify_operation",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class DistributedOperationException(ValueError):
@@ -54,7 +63,7 @@ def _devices(data: Any, found: set[str]) -> set[str]:
     return found
 
 
-def verify_operation(
+def check_operation(
     comm: Communicator,
     op: str,
     data: Any = None,
@@ -95,3 +104,45 @@ def verify_operation(
         "dtypes; pad with `pad_across_processes` first when sizes differ (found because "
         "ACCELERATE_DEBUG_MODE is on)."
     )
+
+
+def verify_operation(function: F) -> F:
+    """Decorate a collective so that, in debug mode, processes first agree on its input's shapes.
+
+    The input is the ``tensor`` keyword or the first positional argument. With one process or
+    ``ACCELERATE_DEBUG_MODE`` off, the call goes straight through (one attribute read).
+
+    Raises:
+        DistributedOperationException: on every process, when shapes, dtypes or devices differ.
+    """
+    operation = f"{function.__module__}.{function.__name__}"
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        comm = current_comm()
+        if comm.num_processes > 1 and comm.debug:
+            check_operation(comm, operation, kwargs["tensor"] if "tensor" in kwargs else args[0])
+        return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def chained_operation(function: F) -> F:
+    """Decorate a function built on collectives so a shape mismatch inside names it too.
+
+    A `DistributedOperationException` raised within is re-raised naming `function`, chained
+    to the original (which names each process's shapes).
+    """
+    operation = f"{function.__module__}.{function.__name__}"
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as exc:
+            raise DistributedOperationException(
+                f"Error found while calling `{operation}`. Please see the earlier error for more "
+                "details."
+            ) from exc
+
+    return wrapper  # type: ignore[return-value]

@@ -8,12 +8,20 @@ instance attribute ``_original_forward``.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, cast
 
 import torch
 from torch import nn
 
-__all__ = ["extract_model_from_parallel", "is_compiled_module", "parallel_containers"]
+from hasten.core.imports import is_package_available
+
+__all__ = [
+    "extract_model_from_parallel",
+    "is_compiled_module",
+    "is_peft_model",
+    "parallel_containers",
+]
 
 _CONTAINERS: tuple[type[nn.Module], ...] | None = None
 
@@ -94,3 +102,14 @@ def extract_model_from_parallel(
     # A fresh compiled wrapper around the bare model with the same compile settings; the one the
     # user trains with (around DDP) is left untouched.
     return type(compiled)(model, compiled.dynamo_ctx)
+
+
+def is_peft_model(model: Any) -> bool:
+    """Return whether `model` (once unwrapped from DDP/compile) is a peft ``PeftModel``.
+
+    False without peft installed; peft is imported only when it is.
+    """
+    if not is_package_available("peft"):
+        return False
+    peft = importlib.import_module("peft")  # optional: peft
+    return isinstance(extract_model_from_parallel(model), peft.PeftModel)

@@ -107,6 +107,7 @@ _TABLE: dict[str, list[str]] = {
         "find_batch_size",
         "find_device",
         "get_data_structure",
+        "get_shape",
         "honor_type",
         "ignorant_find_batch_size",
         "initialize_tensors",
@@ -214,7 +215,11 @@ _TABLE: dict[str, list[str]] = {
         "convert_model",
         "has_transformer_engine_layers",
     ],
-    "hasten.strategies.unwrap": ["extract_model_from_parallel", "is_compiled_module"],
+    "hasten.strategies.unwrap": [
+        "extract_model_from_parallel",
+        "is_compiled_module",
+        "is_peft_model",
+    ],
     "hasten.training.compile": [
         "compile_regions",
         "has_compiled_regions",
@@ -243,6 +248,9 @@ _TABLE: dict[str, list[str]] = {
         "infer_auto_device_map",
     ],
     "hasten.big_modeling.tensors": [
+        "check_tied_parameters_in_config",
+        "check_tied_parameters_on_same_device",
+        "ensure_weights_retied",
         "find_tied_parameters",
         "get_module_children_bottom_up",
         "named_module_tensors",
@@ -260,7 +268,10 @@ _TABLE: dict[str, list[str]] = {
         "offload_weight",
         "save_offload_index",
     ],
-    "hasten.big_modeling.quantization": ["load_and_quantize_model"],
+    "hasten.big_modeling.quantization": [
+        "has_4bit_bnb_layers",
+        "load_and_quantize_model",
+    ],
     "hasten.platforms.info": [
         "check_cuda_p2p_ib_support",
         "check_os_kernel",
@@ -278,6 +289,16 @@ _TABLE: dict[str, list[str]] = {
     ],
     "hasten.core.units": [
         "convert_bytes",
+    ],
+    "hasten.big_modeling.onload": [
+        "align_module_device",
+        "get_state_dict_from_offload",
+        "get_state_dict_offloaded_model",
+        "has_offloaded_params",
+    ],
+    "hasten.checkpointing.tensors": [
+        "clean_state_dict_for_safetensors",
+        "id_tensor_storage",
     ],
 }
 

@@ -1,5 +1,8 @@
 """Compatibility path for ``accelerate.utils.dataclasses``; the classes live in `hasten.config`."""
 
+from hasten.big_modeling.tensors import (
+    get_module_class_from_name,
+)
 from hasten.config.deepspeed import (
     DeepSpeedPlugin,
 )
@@ -7,14 +10,17 @@ from hasten.config.dynamo import (
     TorchDynamoPlugin,
 )
 from hasten.config.enums import (
+    BaseEnum,
     ComputeEnvironment,
     CustomDtype,
     DDPCommunicationHookType,
     DistributedType,
     DynamoBackend,
+    EnumWithContains,
     FP8BackendType,
     LoggerType,
     PrecisionType,
+    ProfilerActivity,
     RNGType,
     SageMakerDistributedType,
 )
@@ -22,8 +28,10 @@ from hasten.config.fsdp import (
     FullyShardedDataParallelPlugin,
 )
 from hasten.config.kwargs import (
+    AmaxComputeAlgorithm,
     AORecipeKwargs,
     AutocastKwargs,
+    Backend,
     DistributedDataParallelKwargs,
     FP8Format,
     FP8RecipeKwargs,
@@ -31,6 +39,7 @@ from hasten.config.kwargs import (
     InitProcessGroupKwargs,
     KwargsHandler,
     MSAMPRecipeKwargs,
+    OptLevel,
     ProfileKwargs,
     TERecipeKwargs,
 )
@@ -51,7 +60,10 @@ from hasten.core.nested import (
 
 __all__ = [
     "AORecipeKwargs",
+    "AmaxComputeAlgorithm",
     "AutocastKwargs",
+    "Backend",
+    "BaseEnum",
     "BnbQuantizationConfig",
     "ComputeEnvironment",
     "CustomDtype",
@@ -61,6 +73,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
+    "EnumWithContains",
     "FP8BackendType",
     "FP8Format",
     "FP8RecipeKwargs",
@@ -72,12 +85,15 @@ __all__ = [
     "LoggerType",
     "MSAMPRecipeKwargs",
     "MegatronLMPlugin",
+    "OptLevel",
     "PrecisionType",
     "ProfileKwargs",
+    "ProfilerActivity",
     "ProjectConfiguration",
     "RNGType",
     "SageMakerDistributedType",
     "TERecipeKwargs",
     "TensorInformation",
     "TorchDynamoPlugin",
+    "get_module_class_from_name",
 ]

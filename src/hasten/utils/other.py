@@ -8,8 +8,12 @@ from hasten.big_modeling.tensors import (
     get_module_children_bottom_up,
 )
 from hasten.checkpointing.io import (
+    TORCH_SAFE_GLOBALS,
     load,
     save,
+)
+from hasten.checkpointing.tensors import (
+    clean_state_dict_for_safetensors,
 )
 from hasten.commands.config.default import (
     write_basic_config,
@@ -46,7 +50,9 @@ from hasten.training.compile import (
 )
 
 __all__ = [
+    "TORCH_SAFE_GLOBALS",
     "check_os_kernel",
+    "clean_state_dict_for_safetensors",
     "compile_regions",
     "convert_bytes",
     "extract_model_from_parallel",

@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import save_file
+from torch import nn
 
 from hasten.big_modeling import init_empty_weights
 from hasten.big_modeling import quantization as quant
@@ -129,3 +131,41 @@ def _missing(package: str, *, feature: str, extra: str | None = None) -> object:
     from hasten.core.imports import require
 
     return require("a_package_that_is_not_installed_" + package, feature=feature, extra=extra)
+
+
+def test_get_parameter_device_and_its_error() -> None:
+    from hasten.big_modeling.quantization import get_parameter_device
+
+    assert get_parameter_device(nn.Linear(2, 2)) == torch.device("cpu")
+    with pytest.raises(ValueError, match="ReLU has no parameters"):
+        get_parameter_device(nn.ReLU())
+
+
+def test_quantize_and_offload_8bit_with_statistics_writes_weight_and_scales(tmp_path: Any) -> None:
+    from hasten.big_modeling.offload import load_offloaded_weight
+    from hasten.big_modeling.quantization import quantize_and_offload_8bit
+
+    model = nn.Sequential(nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)  # as in a bitsandbytes Linear8bitLt
+    weight = torch.randint(-127, 127, (2, 4), dtype=torch.int8)
+    scales = torch.rand(2)
+    index: dict[str, Any] = {}
+    quantize_and_offload_8bit(model, weight, "0.weight", torch.int8, tmp_path, index, scales)
+    assert set(index) == {"0.weight", "0.SCB"}
+    assert model[0].weight.device.type == "meta"
+    assert torch.equal(load_offloaded_weight(tmp_path / "0.weight.dat", index["0.weight"]), weight)
+    assert torch.equal(load_offloaded_weight(tmp_path / "0.SCB.dat", index["0.SCB"]), scales)
+
+
+def test_get_quantized_model_device_map_checks_strategies_and_4bit_offload() -> None:
+    from hasten.big_modeling.quantization import get_quantized_model_device_map
+    from hasten.config.quantization import BnbQuantizationConfig
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    config = BnbQuantizationConfig(load_in_8bit=True)
+    assert get_quantized_model_device_map(model, config, {"": "cpu"}) == {"": "cpu"}
+    with pytest.raises(ValueError, match="must be a dict or one of"):
+        get_quantized_model_device_map(model, config, "fastest")
+    four_bit = BnbQuantizationConfig(load_in_4bit=True)
+    with pytest.raises(ValueError, match="4-bit weights cannot be offloaded"):
+        get_quantized_model_device_map(model, four_bit, {"0": 0, "1": "cpu"})

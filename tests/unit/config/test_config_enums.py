@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any
 
@@ -92,7 +93,11 @@ def test_members_are_strings_equal_to_their_values() -> None:
 
 
 ALL_ENUMS = [
-    getattr(enums, name) for name in enums.__all__ if isinstance(getattr(enums, name), type)
+    getattr(enums, name)
+    for name in enums.__all__
+    if isinstance(getattr(enums, name), type)
+    and issubclass(getattr(enums, name), enum.Enum)
+    and getattr(enums, name) is not enums.BaseEnum  # the base, with no members
 ]
 
 

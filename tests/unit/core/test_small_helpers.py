@@ -107,3 +107,26 @@ def test_cpu_distributed_information_reads_torchrun_then_mpi_variables(
 def test_cpu_distributed_information_rejects_a_non_integer_rank() -> None:
     with patch_environment(RANK="two"), pytest.raises(ValueError, match="RANK='two'"):
         get_cpu_distributed_information()
+
+
+def test_is_torch_xpu_tensor() -> None:
+    import torch
+
+    from hasten.core.nested import is_torch_xpu_tensor
+
+    assert not is_torch_xpu_tensor(torch.ones(1))
+    assert not is_torch_xpu_tensor([1])
+    assert is_torch_xpu_tensor(torch.empty(1, device="meta")) is False
+
+
+def test_fp8_literal_aliases_and_enum_bases() -> None:
+    import typing
+
+    from hasten.config.enums import BaseEnum, EnumWithContains, PrecisionType
+    from hasten.config.kwargs import AmaxComputeAlgorithm, Backend, OptLevel
+
+    assert typing.get_args(Backend) == ("MSAMP", "TE")
+    assert typing.get_args(OptLevel) == ("O1", "O2")
+    assert typing.get_args(AmaxComputeAlgorithm) == ("max", "most_recent")
+    assert issubclass(PrecisionType, BaseEnum) and isinstance(PrecisionType, EnumWithContains)
+    assert "fp16" in PrecisionType

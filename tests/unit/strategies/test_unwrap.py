@@ -74,3 +74,11 @@ def test_recursive_unwraps_children() -> None:
     outer = nn.Sequential(nn.DataParallel(Net()))
     out = extract_model_from_parallel(outer, recursive=True)
     assert isinstance(out[0], Net)
+
+
+def test_is_peft_model_false_for_plain_and_wrapped_models() -> None:
+    import torch.nn as tnn
+
+    from hasten.strategies.unwrap import is_peft_model
+
+    assert is_peft_model(tnn.Linear(2, 2)) is False
