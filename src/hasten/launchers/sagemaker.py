@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 from hasten.config import envvars
 from hasten.config.enums import DynamoBackend, PrecisionType, SageMakerDistributedType, enum_value
-from hasten.core.imports import require
 
 __all__ = [
     "SAGEMAKER_PARALLEL_EC2_INSTANCES",
@@ -228,6 +227,9 @@ def prepare_sagemager_args_inputs(
 
 
 def _huggingface_estimator() -> Callable[..., Any]:
+    # deferred: core.imports reads package metadata, which only a SageMaker launch needs
+    from hasten.core.imports import require
+
     # optional: sagemaker
     require("sagemaker", feature="hasten launch on Amazon SageMaker", extra="sagemaker")
     try:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,22 @@ def test_fsdp_answers_fill_its_section(monkeypatch: pytest.MonkeyPatch) -> None:
         "fsdp_state_dict_type": "FULL_STATE_DICT",
         "fsdp_activation_checkpointing": False,
     }
+
+
+def test_tpu_pod_questions(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # TPU; function train; a pod named p in zone z, sudo, two setup commands; bf16, downcast.
+    answers = "5\ntrain\nyes\np\nz\nyes\npip install x; echo ok\n1\nyes\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(answers))
+    config = get_cluster_input()
+    assert config.distributed_type == "XLA" and config.mixed_precision == "bf16"
+    assert (config.main_training_function, config.tpu_name, config.tpu_zone) == ("train", "p", "z")
+    assert config.tpu_use_cluster and config.tpu_use_sudo and config.downcast_bf16
+    assert config.commands == ["pip install x", "echo ok"]
+    from hasten.commands import tpu
+
+    path = tmp_path / "tpu.yaml"
+    config.save(str(path))
+    args = tpu.tpu_command_parser().parse_args(["--config_file", str(path), "--debug"])
+    assert tpu.remote_command(tpu._fill_from_config(args) or args) == (
+        "cd /usr/share; pip install x; echo ok"
+    )

@@ -121,7 +121,7 @@ def test_hasten_launch_starts_a_sagemaker_job(
     fake_sdk = types.ModuleType("sagemaker.huggingface")
     fake_sdk.HuggingFace = _FakeEstimator  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sagemaker.huggingface", fake_sdk)
-    monkeypatch.setattr(sagemaker, "require", lambda *a, **k: None)
+    monkeypatch.setattr("hasten.core.imports.require", lambda *a, **k: None)
     _FakeEstimator.made.clear()
     assert main(["launch", "--config_file", str(config), "train.py", "--epochs", "2"]) == 0
     (estimator,) = _FakeEstimator.made

@@ -167,3 +167,20 @@ def test_tpu_config_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ValueError, match="needs the TPU's name and zone"):
         tpu_cmd.tpu_command_launcher(_tpu_config("--command", "ls"))
     assert main(["tpu-config", "--command", "ls"]) == 2  # one-line error through the CLI
+
+
+def test_an_xla_config_file_routes_launch_to_the_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "tpu.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"distributed_type": "XLA", "tpu_use_cluster": True, "tpu_name": "cfg-pod",
+             "tpu_zone": "cfg-zone", "main_training_function": "train", "num_processes": 8}
+        )
+    )  # fmt: skip
+    ran: list[list[str]] = []
+    monkeypatch.setattr(launch_cmd.subprocess, "run", lambda cmd, check: ran.append(cmd))
+    assert main(["launch", "--config_file", str(config), "t.py"]) == 0
+    assert ran[0][5:8] == ["cfg-pod", "--zone", "cfg-zone"]
+    assert "--main_training_function train t.py" in ran[0][ran[0].index("--command") + 1]

@@ -24,6 +24,7 @@ _MACHINES: tuple[tuple[str, str], ...] = (
     ("multi-GPU", DistributedType.MULTI_GPU.value),
     ("multi-XPU", DistributedType.MULTI_XPU.value),
     ("multi-NPU", DistributedType.MULTI_NPU.value),
+    ("TPU", DistributedType.XLA.value),
 )
 _MAX_TRIES = 5
 # Machine types whose processes each drive one accelerator.
@@ -197,10 +198,44 @@ def _ask_engine(config: dict[str, Any]) -> None:
         _ask_fsdp(config)
 
 
+def _tpu_config() -> ClusterConfig:
+    """Ask the TPU questions: the function to start, bf16, and the pod (name, zone, setup)."""
+    config: dict[str, Any] = {
+        "main_training_function": ask(
+            "Which function of your script should each TPU core run?", str, "main"
+        )
+    }
+    if ask_yes_no("Are you using a TPU pod (several TPU VMs)?"):
+        config["tpu_use_cluster"] = True
+        config["tpu_name"] = ask("What is the name of the TPU?", str, "")
+        config["tpu_zone"] = ask("What is the zone of the TPU?", str, "")
+        config["tpu_use_sudo"] = ask_yes_no("Run the commands on the pod with sudo?")
+        commands = ask(
+            "Commands to run on each worker first (separated by ';', empty = none)", str, ""
+        )
+        parts = [part.strip() for part in commands.split(";") if part.strip()]
+        if parts:
+            config["commands"] = parts
+    precision = ["no", "bf16"][ask_choice("Mixed precision?", ["no", "bf16"])]
+    if precision == "bf16":
+        config["downcast_bf16"] = ask_yes_no("Also store float32 as bf16 (XLA_DOWNCAST_BF16)?")
+    return ClusterConfig(
+        compute_environment="LOCAL_MACHINE",
+        distributed_type=DistributedType.XLA.value,
+        mixed_precision=precision,
+        use_cpu=False,
+        debug=False,
+        num_processes=8,
+        **config,
+    )
+
+
 def get_cluster_input() -> ClusterConfig:
     """Ask the questionnaire on stdin and return the validated config."""
     labels = [label for label, _ in _MACHINES]
     machine = _MACHINES[ask_choice("Which type of machine are you using?", labels)][1]
+    if machine == DistributedType.XLA.value:
+        return _tpu_config()
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": machine,
