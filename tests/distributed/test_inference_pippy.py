@@ -59,25 +59,6 @@ def _run(split_points: Any, gather: bool, batch: int, use_kwargs: bool) -> dict[
     }
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("split_points", [["blocks.2"], "auto"])
-def test_pipelined_output_matches_the_unsplit_model(split_points: Any) -> None:
-    r0, r1 = run_distributed(_run, split_points, True, 4, False, world_size=2, timeout=90)
-    for r in (r0, r1):  # gather_output: both processes hold the last stage's output
-        torch.testing.assert_close(torch.tensor(r["out"]), torch.tensor(r["expected"]))
-    if split_points == "auto":
-        assert len(r0["points"]) == 1 and r0["points"] == r1["points"]
-        assert r0["points"][0].startswith("blocks.")  # a balanced cut through the blocks
-
-
-@pytest.mark.timeout(90)
-def test_without_gather_only_the_last_process_has_the_output_and_small_batches_pad() -> None:
-    r0, r1 = run_distributed(_run, ["blocks.1"], False, 3, True, world_size=2, timeout=90)
-    assert r0["out"] is None
-    assert r1["rows"] == 4  # padded up to the traced batch, as in Accelerate
-    torch.testing.assert_close(torch.tensor(r1["out"]), torch.tensor(r1["expected"]))
-
-
 def _bad(kind: str) -> str:
     from hasten import PartialState, prepare_pippy
 
@@ -98,9 +79,48 @@ def _bad(kind: str) -> str:
     return "no error"
 
 
-@pytest.mark.timeout(90)
-def test_bad_split_and_oversized_batch_raise_clear_errors() -> None:
-    r0, r1 = run_distributed(_bad, "stages", world_size=2, timeout=90)
-    assert "3 stages" in r0 and "2 processes" in r0
-    for message in run_distributed(_bad, "batch", world_size=2, timeout=30):
-        assert "traced for batches of up to 2" in message  # on every process: nobody hangs
+def _scenarios() -> dict[str, Any]:
+    """Every case in one pair of workers: forking and tracing dominate the cost."""
+    return {
+        "explicit": _run(["blocks.2"], True, 4, False),
+        "auto": _run("auto", True, 4, False),
+        "small": _run(["blocks.1"], False, 3, True),
+        "stages": _bad("stages"),
+        "batch": _bad("batch"),
+    }
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict[str, Any]]:
+    return run_distributed(_scenarios, world_size=2, timeout=120)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("case", ["explicit", "auto"])
+def test_pipelined_output_matches_the_unsplit_model(
+    results: list[dict[str, Any]], case: str
+) -> None:
+    r0, r1 = (r[case] for r in results)
+    for r in (r0, r1):  # gather_output: both processes hold the last stage's output
+        torch.testing.assert_close(torch.tensor(r["out"]), torch.tensor(r["expected"]))
+    if case == "auto":
+        assert len(r0["points"]) == 1 and r0["points"] == r1["points"]
+        assert r0["points"][0].startswith("blocks.")  # a balanced cut through the blocks
+
+
+@pytest.mark.timeout(150)
+def test_without_gather_only_the_last_process_has_the_output_and_small_batches_pad(
+    results: list[dict[str, Any]],
+) -> None:
+    r0, r1 = (r["small"] for r in results)
+    assert r0["out"] is None
+    assert r1["rows"] == 4  # padded up to the traced batch, as in Accelerate
+    torch.testing.assert_close(torch.tensor(r1["out"]), torch.tensor(r1["expected"]))
+
+
+@pytest.mark.timeout(150)
+def test_bad_split_and_oversized_batch_raise_clear_errors(results: list[dict[str, Any]]) -> None:
+    message = results[0]["stages"]
+    assert "3 stages" in message and "2 processes" in message
+    for r in results:
+        assert "traced for batches of up to 2" in r["batch"]  # on every process: nobody hangs
