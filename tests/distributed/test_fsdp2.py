@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ def _accelerator(engine: str, steps: int = 1, mixed_precision: str = "no", **fsd
     )
 
 
-def _run(engine: str, steps: int, mixed_precision: str, **fsdp: Any) -> dict[str, Any]:
+def _run(
+    engine: str, steps: int, mixed_precision: str, folder: str | None = None, **fsdp: Any
+) -> dict[str, Any]:
     accelerator = _accelerator(engine, steps, mixed_precision, **fsdp)
     torch.manual_seed(0)
     model = TinyTransformer()
@@ -38,7 +41,17 @@ def _run(engine: str, steps: int, mixed_precision: str, **fsdp: Any) -> dict[str
     total = sum(p.numel() for p in TinyTransformer().parameters())
     losses = train(accelerator, model, optimizer, 6, clip=1.0)
     state = accelerator.get_state_dict(model)
+    reloaded = None
+    if folder is not None:  # save, change the weights, load: the saved weights come back
+        accelerator.save_state(folder)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5)
+        accelerator.load_state(folder)
+        again = accelerator.get_state_dict(model)
+        reloaded = all(torch.equal(again[k], v) for k, v in state.items())
     return {
+        "reloaded": reloaded,
         "losses": losses,
         "fraction": local / total,
         "state": {k: v.float().tolist() for k, v in state.items()},  # no shared memory
@@ -48,18 +61,30 @@ def _run(engine: str, steps: int, mixed_precision: str, **fsdp: Any) -> dict[str
     }
 
 
-def _compare(engine: str, steps: int, mixed_precision: str, atol: float) -> None:
+def _compare(
+    engine: str, steps: int, mixed_precision: str, atol: float, folder: str | None = None, **kw: Any
+) -> list[dict[str, Any]]:
     ddp = run_distributed(_run, "ddp", steps, mixed_precision, world_size=2, timeout=90)
-    sharded = run_distributed(_run, engine, steps, mixed_precision, world_size=2, timeout=90)
+    sharded = run_distributed(
+        functools.partial(_run, **kw),
+        engine,
+        steps,
+        mixed_precision,
+        folder,
+        world_size=2,
+        timeout=90,
+    )
     assert sharded[0]["strategy"] == engine and sharded[0]["distributed_type"].endswith("FSDP")
     # each process holds about half of the parameters
     assert 0.4 < sharded[0]["fraction"] < 0.6 and 0.4 < sharded[1]["fraction"] < 0.6
     assert ddp[0]["fraction"] == 1.0
-    assert sharded[1]["state"] == {}  # full state dicts are gathered to the main process
+    if engine == "fsdp2":
+        assert sharded[1]["state"] == {}  # full state dicts are gathered to the main process
     for key, value in ddp[0]["state"].items():
         got, want = torch.tensor(sharded[0]["state"][key]), torch.tensor(value)
         torch.testing.assert_close(got, want, atol=atol, rtol=0, msg=key)
     assert sharded[0]["losses"] == pytest.approx(ddp[0]["losses"], abs=atol * 10)
+    return sharded
 
 
 @pytest.mark.timeout(200)
@@ -117,3 +142,80 @@ def test_fsdp2_sharded_save_state_resumes_exactly_and_on_one_process(tmp_path: P
     x = torch.randn(2, 8)
     model(x).sum().backward()
     optimizer.step()  # the loaded optimizer state is usable
+    _bad_checkpoints(Path(folder), accelerator, tmp_path)
+
+
+def _bad_checkpoints(folder: Path, accelerator: Any, tmp_path: Path) -> None:
+    """A missing shard and a checkpoint of another model are refused, naming the problem."""
+    import shutil
+
+    from hasten.checkpointing.manifest import CorruptCheckpointError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (broken / "pytorch_model_fsdp_0" / "__1_0.distcp").unlink()
+    with pytest.raises(CorruptCheckpointError, match=r"__1_0.distcp is listed in the manifest"):
+        accelerator.load_state(str(broken))
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    part = damaged / "optimizer_0" / "__0_0.distcp"
+    data = bytearray(part.read_bytes())
+    data[-1] ^= 0xFF
+    part.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"__0_0.distcp is damaged"):
+        accelerator.load_state(str(damaged))
+    from hasten.state._shared import reset_state
+
+    reset_state()
+    from hasten import Accelerator
+
+    other = Accelerator(cpu=True)
+    wider = TinyTransformer(width=8)
+    prepared = other.prepare(wider, torch.optim.AdamW(wider.parameters()))
+    with pytest.raises(ValueError, match="model 0.*does not match the model given"):
+        other.load_state(str(folder))
+    assert prepared is not None
+
+
+@pytest.mark.timeout(200)
+def test_fsdp1_matches_ddp_and_round_trips_a_full_state_dict_checkpoint(tmp_path: Path) -> None:
+    # FULL_STATE_DICT on CPU: gathered without offload_to_cpu (which segfaults in torch)
+    sharded = _compare(
+        "fsdp1", 2, "no", atol=1e-5, folder=str(tmp_path / "full"), use_orig_params=False
+    )
+    assert sharded[0]["reloaded"] and sharded[1]["reloaded"]
+    names = sorted(p.name for p in (tmp_path / "full").iterdir())
+    assert "model.safetensors" in names and "optimizer.bin" in names
+
+
+def _killed_during_save(folder: str) -> None:
+    import os
+    import signal
+
+    import hasten.checkpointing.sharded_state as sharded_state
+
+    accelerator = _accelerator("fsdp2")
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    train(accelerator, model, optimizer, 1)
+
+    def die(*_: Any) -> None:  # every process is killed after DCP wrote its shards
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    sharded_state._record = die  # type: ignore[assignment]
+    accelerator.save_state(folder)
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_during_a_sharded_save_leaves_nothing_loadable(tmp_path: Path) -> None:
+    from _support.distributed import DistributedTestError
+    from hasten.checkpointing import layout
+
+    folder = tmp_path / "checkpoints" / "checkpoint_0"
+    with pytest.raises(DistributedTestError):
+        run_distributed(_killed_during_save, str(folder), world_size=2, timeout=60)
+    assert not folder.exists()  # only the hidden staging folder is left
+    staging = layout.staging_path(folder)
+    assert staging.exists() and (staging / "pytorch_model_fsdp_0" / "__0_0.distcp").exists()
+    assert layout.newest_complete_checkpoint(tmp_path) is None

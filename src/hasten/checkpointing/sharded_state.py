@@ -158,8 +158,10 @@ def _verify(folder: Path, part: str, manifest: dict[str, Any] | None) -> None:
 
 
 def _mismatch_error(what: str, folder: Path, exc: BaseException) -> ValueError:
+    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
     return ValueError(
-        f"The checkpoint's {what} ({folder}) does not match the {what.split()[0]} given: {exc}. "
+        f"The checkpoint's {what} ({folder}) does not match the {what.split()[0]} given: "
+        f"{reason}. "
         "Load a checkpoint saved from this model (same parameter names and shapes)."
     )
 
@@ -173,7 +175,9 @@ def load_sharded_model(
     state = engine.model_state_dict(model, full=False)
     try:
         _dcp(_load, state, part)
-    except Exception as exc:  # noqa: BLE001 - DCP's CheckpointException wraps every rank's error
+    except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps every rank's
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
         raise _mismatch_error(f"model {index}", part, exc) from exc
     engine.load_model_state_dict(model, state, full=False)
 
@@ -193,6 +197,8 @@ def load_sharded_optimizer(
     state = engine.optimizer_state_dict(owner, optimizer, full=False)
     try:
         _dcp(_load, state, part)
-    except Exception as exc:  # noqa: BLE001 - DCP's CheckpointException wraps every rank's error
+    except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps every rank's
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
         raise _mismatch_error(f"optimizer {index}", part, exc) from exc
     engine.load_optimizer_state_dict(owner, optimizer, state, full=False)

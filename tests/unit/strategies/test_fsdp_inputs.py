@@ -1,0 +1,114 @@
+"""FSDP settings the engine cannot honour raise with the reason and the fix (no process group)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.fsdp import CPUOffloadPolicy
+
+from _support.fsdp_models import TinyTransformer
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.strategies.fsdp1 import FSDP1Strategy
+from hasten.strategies.fsdp2 import (
+    FSDP2Strategy,
+    apply_activation_checkpointing,
+    ignored_modules,
+    modules_to_shard,
+    resolve_offload,
+)
+
+CPU = torch.device("cpu")
+
+
+def test_unknown_wrap_class_names_the_classes_the_model_has() -> None:
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["GPT2Block"],
+    )
+    with pytest.raises(ValueError, match=r"'GPT2Block'.*classes present: \['Block', 'LayerNorm'"):
+        modules_to_shard(plugin, TinyTransformer(), [])
+
+
+def test_wrap_policies_pick_blocks() -> None:
+    model = TinyTransformer()
+    by_class = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap"
+    )
+    assert modules_to_shard(by_class, model, []) == list(model.layers)[::-1]  # _no_split_modules
+    by_size = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=500
+    )
+    assert all(
+        sum(p.numel() for p in m.parameters()) >= 500 for m in modules_to_shard(by_size, model, [])
+    )
+    assert (
+        modules_to_shard(
+            FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="no_wrap"), model, []
+        )
+        == []
+    )
+    picked = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy=lambda module, recurse, nonwrapped_numel: module is model.head,
+    )
+    assert modules_to_shard(picked, model, []) == [model.head]
+
+
+def test_pinned_cpu_offload_without_an_accelerator() -> None:
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has an accelerator: pinning works")
+    explicit = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=CPUOffloadPolicy())
+    with pytest.raises(
+        ValueError, match=r"pin_memory=True\) needs an accelerator.*pin_memory=False"
+    ):
+        resolve_offload(explicit)
+    with pytest.raises(ValueError, match="needs an accelerator"):
+        FSDP2Strategy(explicit, CPU).check_usable()
+    requested = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=True)
+    policy = resolve_offload(requested)
+    assert isinstance(policy, CPUOffloadPolicy) and not policy.pin_memory
+    unpinned = FullyShardedDataParallelPlugin(
+        fsdp_version=2, cpu_offload=CPUOffloadPolicy(pin_memory=False)
+    )
+    assert resolve_offload(unpinned) is unpinned.cpu_offload
+
+
+def test_version_specific_options() -> None:
+    with pytest.raises(ValueError, match="forward_prefetch=True.*not implemented by FSDP2"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, forward_prefetch=True)
+    with pytest.raises(
+        ValueError, match="activation_checkpointing_offload=True.*needs fsdp_version=2"
+    ):
+        FullyShardedDataParallelPlugin(
+            fsdp_version=1, activation_checkpointing=True, activation_checkpointing_offload=True
+        )
+    with pytest.raises(ValueError, match="LOCAL_STATE_DICT.*not supported by FSDP2"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="LOCAL_STATE_DICT")
+
+
+def test_fsdp1_refuses_what_cpu_cannot_do() -> None:
+    offload = FullyShardedDataParallelPlugin(fsdp_version=1, cpu_offload=True)
+    with pytest.raises(ValueError, match="cannot offload parameters when it computes on the CPU"):
+        FSDP1Strategy(offload, CPU).check_usable()
+    with pytest.warns(UserWarning, match="cpu_ram_efficient_loading needs sync_module_states"):
+        efficient = FullyShardedDataParallelPlugin(fsdp_version=1, cpu_ram_efficient_loading=True)
+    with pytest.raises(ValueError, match="sync_module_states=True.*fails on a CPU-only run"):
+        FSDP1Strategy(efficient, CPU).check_usable()
+    assert not FSDP1Strategy(FullyShardedDataParallelPlugin(fsdp_version=1), CPU).full_offload
+
+
+def test_activation_checkpointing_needs_blocks() -> None:
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="no_wrap")
+    with pytest.raises(ValueError, match="needs blocks to checkpoint"):
+        apply_activation_checkpointing(plugin, TinyTransformer())
+
+
+def test_ignored_modules_by_regex() -> None:
+    model = TinyTransformer()
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules="head")
+    assert ignored_modules(plugin, model) == [model.head]
+    with pytest.raises(ValueError, match="matches no module name"):
+        ignored_modules(
+            FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules="nope"), model
+        )
