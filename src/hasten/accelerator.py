@@ -53,11 +53,13 @@ from hasten.config.project import (
 from hasten.data_loader import prepare_data_loader as shard_data_loader
 from hasten.data_loader import skip_first_batches as skip_batches
 from hasten.ops import collectives
+from hasten.ops.comm import data_parallel_comm
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.platforms.memory import release_memory
 from hasten.precision.fp8 import fp8_backend_from_env
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
+from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
 from hasten.strategies import DDPStrategy, Strategy, select_strategy
 from hasten.tracking.manager import TrackerManager
 from hasten.training import metrics, profiling
@@ -288,6 +290,7 @@ class Accelerator:
         for slot in _FP8_SLOTS:
             setattr(self, slot, handlers.get(slot))
         self.torch_tp_plugin = torch_tp_plugin
+        parallelism_config = resolve_parallelism_config(parallelism_config, torch_tp_plugin)
         self.parallelism_config = parallelism_config
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(
@@ -303,6 +306,10 @@ class Accelerator:
             **init_kwargs,
         )
         self.gradient_state = GradientState(gradient_accumulation_plugin=accumulation)
+        if torch_tp_plugin is not None:
+            torch_tp_plugin.torch_device_mesh = self.torch_device_mesh
+        # Collectives of metrics over the data-parallel replicas (None: every process).
+        self._dp_comm = data_parallel_comm(self.torch_device_mesh)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
@@ -441,6 +448,57 @@ class Accelerator:
     def is_fsdp2(self) -> bool:
         """Whether FSDP2 (``fully_shard``) shards the prepared models."""
         return bool(self.state.is_fsdp2)
+
+    # ------------------------------------------------------------------ N-D parallelism
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The job's `DeviceMesh` (built once from `parallelism_config`), or None."""
+        return getattr(self.state, "device_mesh", None)
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Whether composable torch parallelism runs the model (FSDP2, tensor or context)."""
+        config = self.parallelism_config
+        return self.is_fsdp2 or bool(
+            config is not None and (config.tp_enabled or config.cp_enabled)
+        )
+
+    def _mesh_rank(self, dim: str, what: str) -> int:
+        if self.parallelism_config is None:
+            raise RuntimeError(
+                f"{what} parallelism is not configured; pass "
+                "Accelerator(parallelism_config=ParallelismConfig(...)) first."
+            )
+        return mesh_local_rank(self.torch_device_mesh, dim)
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's index among the data-parallel replicas (flattened ``dp`` mesh)."""
+        return self._mesh_rank("dp", "Data")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's index along the ``dp_shard`` (FSDP) dimension."""
+        return self._mesh_rank("dp_shard", "Shard data")
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's index within its tensor-parallel group."""
+        return self._mesh_rank("tp", "Tensor")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """This process's index within its context-parallel group."""
+        return self._mesh_rank("cp", "Context")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Not available: pipeline parallelism has no ParallelismConfig dimension (as Accelerate)."""
+        raise NotImplementedError(
+            "Pipeline parallelism is not supported: ParallelismConfig has no pipeline dimension. "
+            "Use torch.distributed.pipelining directly, or tp/cp/dp dimensions."
+        )
 
     # ------------------------------------------------------------------ configuration views
 
@@ -708,6 +766,7 @@ class Accelerator:
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
             use_stateful_dataloader=getattr(config, "use_stateful_dataloader", False),
+            torch_device_mesh=self.torch_device_mesh,
         )
         self._mark(prepared)
         self._dataloaders.append(prepared)
@@ -860,14 +919,21 @@ class Accelerator:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather evaluation outputs, dropping the samples duplicated to even out batches."""
+        comm = self._dp_comm
         return metrics.gather_for_metrics(
             input_data,
             use_gather_object,
             gradient_state=self.gradient_state,
+            comm=comm,
         )
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce ``tensor`` across processes ("sum", "mean" or "none"), times ``scale``."""
+        """Reduce ``tensor`` across processes ("sum", "mean" or "none"), times ``scale``.
+
+        With tensor/context parallelism only the data-parallel replicas are counted.
+        """
+        if self._dp_comm is not None:
+            return collectives.reduce_on(self._dp_comm, tensor, reduction)
         return collectives.reduce(tensor, reduction, scale)
 
     def pad_across_processes(

@@ -13,8 +13,6 @@ import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 from hasten.config import envvars
-from hasten.core.imports import is_transformers_available
-from hasten.core.versions import compare_versions
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -24,38 +22,58 @@ __all__ = [
     "ParallelismConfig",
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
 ]
 
 _MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 _CP_STRATEGIES = ("allgather", "alltoall")
 _SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
-_TP_MIN_TRANSFORMERS = "4.52.0"
 
 
 @dataclasses.dataclass
 class TorchTensorParallelConfig:
-    """Tensor-parallel options (tensor parallelism relies on transformers' TP plans).
+    """Tensor-parallel options.
 
-    Raises:
-        ImportError: transformers is missing or older than 4.52.
+    Unlike Accelerate, transformers is not required here: hasten shards plain PyTorch models
+    from their ``tp_plan`` too, and checks the transformers version only when a transformers
+    model is prepared.
     """
 
     enable_async_tp: bool = False
 
     def __post_init__(self) -> None:
-        if not is_transformers_available() or not compare_versions(
-            "transformers", ">=", _TP_MIN_TRANSFORMERS
-        ):
-            raise ImportError(
-                f"Tensor parallelism needs transformers >= {_TP_MIN_TRANSFORMERS}; install it with "
-                f"pip install 'transformers>={_TP_MIN_TRANSFORMERS}'"
-            )
         if self.enable_async_tp:
             warnings.warn(
                 "TorchTensorParallelConfig(enable_async_tp=True) is not supported yet and is "
                 "ignored",
                 UserWarning,
                 stacklevel=3,
+            )
+
+
+@dataclasses.dataclass
+class TorchTensorParallelPlugin:
+    """Deprecated spelling of ``ParallelismConfig(tp_size=...)`` (Accelerate's older plugin).
+
+    `Accelerator(torch_tp_plugin=...)` maps it onto a `ParallelismConfig` with a FutureWarning
+    and fills ``torch_device_mesh`` with the job's mesh; constructing it touches no devices.
+
+    Raises:
+        ValueError: ``tp_size`` is not an int greater than 1.
+    """
+
+    tp_size: int = 1
+    torch_device_mesh: DeviceMesh | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int):
+            raise ValueError(
+                f"TorchTensorParallelPlugin(tp_size={self.tp_size!r}): `tp_size` must be an int"
+            )
+        if self.tp_size <= 1:
+            raise ValueError(
+                f"TorchTensorParallelPlugin(tp_size={self.tp_size}): `tp_size` must be greater "
+                "than 1 (or pass no plugin for no tensor parallelism)"
             )
 
 

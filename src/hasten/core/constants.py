@@ -7,6 +7,9 @@ they are kept verbatim.
 from __future__ import annotations
 
 __all__ = [
+    "BETA_CP_AVAILABLE_PYTORCH_VERSION",
+    "BETA_TP_AVAILABLE_PYTORCH_VERSION",
+    "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION",
     "CUDA_DISTRIBUTED_TYPES",
     "DTENSOR_PYTORCH_VERSION",
     "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
@@ -62,6 +65,10 @@ MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
 # `log_line_prefix_template`.
 DTENSOR_PYTORCH_VERSION = "2.5.0"
 ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
+# Oldest versions with tensor parallelism (DTensor, transformers' TP plans) and context parallelism.
+BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
+BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
+BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
 
 # Arguments `hasten launch` forwards to torch.distributed.run as they are.
 TORCH_LAUNCH_PARAMS = (

@@ -29,6 +29,7 @@ from hasten.core.nested import (
 from hasten.data_loader.base import ResumableDataLoader
 from hasten.ops.collectives import broadcast, broadcast_object_list
 from hasten.state import PartialState
+from hasten.state.mesh import data_parallel_share
 
 __all__ = ["DataLoaderDispatcher"]
 
@@ -55,7 +56,8 @@ class DataLoaderDispatcher(ResumableDataLoader):
         use_stateful_dataloader: back this loader with torchdata's ``StatefulDataLoader``.
         slice_fn: how to cut a batch: ``slice_fn(batch, slice, process_index=, num_processes=)``;
             defaults to `slice_tensors`.
-        torch_device_mesh: accepted for compatibility (data parallel only).
+        torch_device_mesh: the job's mesh: batches are cut between its data-parallel ranks
+            only (processes of one tensor/context-parallel group get the same slice).
         iteration: the epoch to start from.
         **kwargs: forwarded to `DataLoader`.
     """
@@ -92,8 +94,14 @@ class DataLoaderDispatcher(ResumableDataLoader):
         return PartialState()
 
     @property
+    def _share(self) -> tuple[int, int]:
+        """(data-parallel replicas, this process's replica index)."""
+        state = self.state
+        return data_parallel_share(self.torch_device_mesh, state.num_processes, state.process_index)
+
+    @property
     def _round_size(self) -> int:
-        return 1 if self.split_batches else self.state.num_processes
+        return 1 if self.split_batches else self._share[0]
 
     def _on_round_start(self) -> None:
         """Hook run before reading each round (the stateful variant snapshots here)."""
@@ -148,8 +156,7 @@ class DataLoaderDispatcher(ResumableDataLoader):
         return broadcast(batch, from_process=0), upcoming, bool(info[1])
 
     def _dispatch(self, rounds: Iterator[Any] | None, current: Any, position: int) -> Iterator[Any]:
-        state = self.state
-        n, rank = state.num_processes, state.process_index
+        n, rank = self._share
         head: Any = None
         boundary = self._boundary_hook()
         while True:
@@ -186,8 +193,8 @@ class DataLoaderDispatcher(ResumableDataLoader):
         if self.split_batches:
             return whole
         if self._drop_last:
-            return whole // self.state.num_processes
-        return math.ceil(whole / self.state.num_processes)
+            return whole // self._share[0]
+        return math.ceil(whole / self._share[0])
 
     @property
     def total_batch_size(self) -> int:
@@ -195,7 +202,7 @@ class DataLoaderDispatcher(ResumableDataLoader):
         size = self.batch_size
         if size is None:
             size = int(self.batch_sampler.batch_size)  # type: ignore[union-attr]
-        return size if self.split_batches else size * self.state.num_processes
+        return size if self.split_batches else size * self._share[0]
 
     @property
     def total_dataset_length(self) -> int:

@@ -20,6 +20,7 @@ from hasten.data_loader.iterable import IterableDatasetShard
 from hasten.data_loader.samplers import BatchSamplerShard, SeedableRandomSampler, get_sampler
 from hasten.data_loader.shard import DataLoaderShard
 from hasten.state import PartialState
+from hasten.state.mesh import data_parallel_share
 
 __all__ = ["prepare_data_loader"]
 
@@ -44,19 +45,6 @@ def _batch_size_for_split(dataloader: DataLoader[Any], num_processes: int) -> No
             f"cut across the processes. Use a batch size divisible by {num_processes}, or "
             "split_batches=False."
         )
-
-
-def _mesh_ranks(mesh: Any, num_processes: int, process_index: int) -> tuple[int, int]:
-    """Processes that share a tensor/context-parallel group must receive the same batch."""
-    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
-
-    def size(name: str) -> int:
-        return int(mesh[name].size()) if name in names else 1
-
-    replicas = size("tp") * size("cp")
-    if "dp_replicate" in names or "dp_shard" in names:
-        return size("dp_replicate") * size("dp_shard"), process_index // replicas
-    return num_processes // replicas, process_index // replicas
 
 
 def _seedable(sampler: RandomSampler, data_seed: int | None) -> SeedableRandomSampler:
@@ -154,8 +142,8 @@ def prepare_data_loader(
         data_seed: the seed of the seedable sampler (default: torch's initial seed).
         non_blocking: asynchronous host-to-device copies (useful with pin_memory).
         use_stateful_dataloader: back the result with torchdata's ``StatefulDataLoader``.
-        torch_device_mesh: processes in the same tensor/context-parallel group get the
-            same batches.
+        torch_device_mesh: the job's mesh; only its data-parallel ranks split the data, and
+            processes of one tensor/context-parallel group get the same batches.
 
     Returns:
         A `DataLoaderShard` or `DataLoaderDispatcher`.
@@ -175,7 +163,9 @@ def prepare_data_loader(
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
     if torch_device_mesh is not None:
-        num_processes, process_index = _mesh_ranks(torch_device_mesh, num_processes, process_index)
+        num_processes, process_index = data_parallel_share(
+            torch_device_mesh, num_processes, process_index
+        )
     if split_batches:
         _batch_size_for_split(dataloader, num_processes)
 

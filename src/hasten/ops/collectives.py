@@ -25,9 +25,12 @@ __all__ = [
     "copy_tensor_to_devices",
     "gather",
     "gather_object",
+    "gather_object_on",
+    "gather_on",
     "pad_across_processes",
     "pad_input_tensors",
     "reduce",
+    "reduce_on",
 ]
 
 _REDUCTIONS = ("mean", "sum", "max", "none")
@@ -69,7 +72,11 @@ def gather(tensor: Any) -> Any:
         TypeError: a leaf is not a tensor (use `gather_object` for Python objects).
         DistributedOperationException: in debug mode, processes passed different shapes.
     """
-    comm = current_comm()
+    return gather_on(current_comm(), tensor)
+
+
+def gather_on(comm: Communicator, tensor: Any) -> Any:
+    """`gather` over the processes of ``comm`` (e.g. only the data-parallel replicas)."""
     if comm.num_processes == 1:
         return tensor
     leaves, rebuild = flatten(tensor, "gather", _GATHER_HINT)
@@ -88,7 +95,11 @@ def gather_object(object: Any) -> Any:  # noqa: A002 - Accelerate's parameter na
     A list or tuple from each process is concatenated in process order; any other object is
     appended as one item. On one process this returns ``object`` unchanged.
     """
-    comm = current_comm()
+    return gather_object_on(current_comm(), object)
+
+
+def gather_object_on(comm: Communicator, object: Any) -> Any:  # noqa: A002
+    """`gather_object` over the processes of ``comm``."""
     if comm.num_processes == 1:
         return object
     if comm.debug:
@@ -224,7 +235,11 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         ValueError: ``reduction`` is not one of the above.
         TypeError: a leaf is not a tensor, or ``"mean"`` of an integer tensor.
     """
-    comm = current_comm()
+    return reduce_on(current_comm(), tensor, reduction)
+
+
+def reduce_on(comm: Communicator, tensor: Any, reduction: str = "mean") -> Any:
+    """`reduce` over the processes of ``comm`` (e.g. only the data-parallel replicas)."""
     if comm.num_processes == 1:
         _check_reduction(reduction, [])
         return recursively_apply(_clone, tensor, error_on_other_type=True)

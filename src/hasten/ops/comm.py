@@ -23,6 +23,8 @@ __all__ = [
     "LocalComm",
     "TorchComm",
     "current_comm",
+    "data_parallel_comm",
+    "group_comm",
     "reset_comm",
     "set_comm",
 ]
@@ -104,12 +106,17 @@ class TorchComm:
         backend: str,
         device: torch.device,
         debug: bool = False,
+        group: Any = None,
     ) -> None:
         self.num_processes = num_processes
         self.process_index = process_index
         self.backend = backend
         self.device = device
         self.debug = debug
+        # None: the default group; else a subgroup (e.g. the data-parallel replicas of a mesh),
+        # whose members are numbered 0..num_processes-1 here and in `broadcast`'s ``src``.
+        self.group = group
+        self._on: dict[str, Any] = {} if group is None else {"group": group}
         # Gather straight into one buffer; older gloo builds lack it and we fall back once.
         self._gather_into = True
 
@@ -118,7 +125,7 @@ class TorchComm:
         out = flat.new_empty(self.num_processes * flat.numel())
         if self._gather_into:
             try:
-                guarded(op, lambda: _gather_into_tensor(out, flat), shapes=data)
+                guarded(op, lambda: _gather_into_tensor(out, flat, **self._on), shapes=data)
                 return out
             except RuntimeError as err:
                 # raised locally before any traffic, identically on every rank
@@ -126,29 +133,33 @@ class TorchComm:
                     raise
                 self._gather_into = False
         rows = list(out.view(self.num_processes, -1).unbind(0))
-        guarded(op, lambda: dist.all_gather(rows, flat), shapes=data)
+        guarded(op, lambda: dist.all_gather(rows, flat, **self._on), shapes=data)
         return out
 
     def all_reduce(self, flat: torch.Tensor, reduce_op: str, op: str, data: Any = None) -> None:
         """Reduce ``flat`` in place."""
         red = _REDUCE_OPS[reduce_op]
-        guarded(op, lambda: dist.all_reduce(flat, red), shapes=data)
+        guarded(op, lambda: dist.all_reduce(flat, red, **self._on), shapes=data)
+
+    def _source(self, src: int) -> dict[str, Any]:
+        """``src`` for torch: a global rank on the default group, else an index in the group."""
+        return {"src": src} if self.group is None else {"group_src": src, "group": self.group}
 
     def broadcast(self, flat: torch.Tensor, src: int, op: str, data: Any = None) -> None:
         """Broadcast ``flat`` in place from ``src``."""
-        guarded(op, lambda: dist.broadcast(flat, src=src), shapes=data)
+        guarded(op, lambda: dist.broadcast(flat, **self._source(src)), shapes=data)
 
     def all_gather_object(self, obj: Any, op: str) -> list[Any]:
         """Gather one picklable object per process."""
         out: list[Any] = [None] * self.num_processes
-        guarded(op, lambda: dist.all_gather_object(out, obj), shapes="object")
+        guarded(op, lambda: dist.all_gather_object(out, obj, **self._on), shapes="object")
         return out
 
     def broadcast_object_list(self, objects: list[Any], src: int, op: str) -> None:
         """Broadcast a list of picklable objects in place from ``src``."""
         guarded(
             op,
-            lambda: dist.broadcast_object_list(objects, src=src),
+            lambda: dist.broadcast_object_list(objects, **self._source(src)),
             shapes=f"list of {len(objects)} objects",
         )
 
@@ -189,6 +200,42 @@ def _choose() -> Communicator:
         device=device,
         debug=bool(getattr(state, "debug", False)),
     )
+
+
+def group_comm(group: Any) -> Communicator:
+    """A communicator over the processes of ``group`` (a subgroup such as a mesh dimension's).
+
+    Built once by the caller (e.g. the Accelerator for its data-parallel replicas).
+    """
+    base = current_comm()
+    size = dist.get_world_size(group)
+    if size == 1:
+        return LocalComm(base.device)
+    return TorchComm(
+        num_processes=size,
+        process_index=dist.get_rank(group),
+        backend=str(dist.get_backend(group)),
+        device=base.device,
+        debug=base.debug,
+        group=group,
+    )
+
+
+def data_parallel_comm(mesh: Any) -> Communicator | None:
+    """The communicator over ``mesh``'s data-parallel replicas, when it differs from the world.
+
+    None when there is no mesh or every process is its own replica (plain data parallelism);
+    with tensor/context-parallel dimensions, their members hold the same data, so metrics and
+    reductions count each replica once.
+    """
+    from hasten.state.mesh import submesh
+
+    if mesh is None or not set(mesh.mesh_dim_names or ()) & {"tp", "cp", "sp"}:
+        return None
+    dp = submesh(mesh, "dp")
+    if dp is None:
+        return LocalComm(current_comm().device)
+    return group_comm(dp.get_group())
 
 
 def current_comm() -> Communicator:

@@ -19,6 +19,7 @@ from hasten.config import envvars
 from hasten.config.enums import DistributedType, DynamoBackend, PrecisionType, enum_value
 from hasten.state._shared import SharedState
 from hasten.state.engine import EngineChoice, resolve_engine
+from hasten.state.mesh import build_device_mesh
 from hasten.state.partial import PartialState
 
 __all__ = ["AcceleratorState"]
@@ -173,6 +174,14 @@ class AcceleratorState(SharedState):
         )
         self._attach_engine_plugins(mixed_precision)
         partial.distributed_type = self.engine.distributed_type
+        self.device_mesh = build_device_mesh(
+            self.parallelism_config,
+            num_processes=partial.num_processes,
+            device_type=partial.device.type,
+            multi_device=partial.num_processes > 1,
+            is_fsdp2=self.is_fsdp2,
+            deepspeed="deepspeed" in self.engine.requested,
+        )
         self._enable_tf32_for_dynamo()
 
     @property

@@ -14,6 +14,7 @@ from hasten.state.engine import EngineChoice
 from hasten.strategies.base import Strategy
 from hasten.strategies.ddp import DDPStrategy, DDPWrapSettings
 from hasten.strategies.single import SingleDeviceStrategy
+from hasten.strategies.tensor_parallel import TensorParallelStrategy
 from hasten.strategies.unwired import UnwiredStrategy
 
 __all__ = ["select_strategy"]
@@ -63,6 +64,15 @@ def _fsdp_strategy(plugin: Any, device: torch.device) -> Strategy:
     return FSDP1Strategy(plugin, device)
 
 
+def _tensor_parallel(config: Any) -> Strategy | None:
+    """Pure tensor parallelism (tp only, optionally over one replica): hasten's TP strategy."""
+    if not getattr(config, "tp_enabled", False):
+        return None
+    if config.dp_shard_enabled or config.cp_enabled or config.sp_enabled:
+        return None  # composed with FSDP2 / context parallelism: the FSDP2 strategy's job
+    return TensorParallelStrategy(config.device_mesh)
+
+
 def select_strategy(
     engine: EngineChoice | DistributedType | str,
     *,
@@ -96,6 +106,9 @@ def select_strategy(
     if unused and choice is not None and choice.name == "none":
         # A DeepSpeed / Megatron-LM request this run cannot honour is refused, never ignored.
         return UnwiredStrategy({"deepspeed": "DeepSpeed", "megatron_lm": "Megatron-LM"}[unused[0]])
+    tensor_parallel = _tensor_parallel(parallelism_config)
+    if tensor_parallel is not None:
+        return tensor_parallel
     beyond_ddp = list(getattr(parallelism_config, "non_dp_dim_names", []))
     if getattr(parallelism_config, "dp_shard_enabled", False):
         beyond_ddp.insert(0, "dp_shard")

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 import torch
 
 from hasten.core.nested import recursively_apply
-from hasten.ops.collectives import gather, gather_object
+from hasten.ops.collectives import gather_object_on, gather_on
+from hasten.ops.comm import Communicator, current_comm
 
 __all__ = ["MetricsGradientState", "gather_for_metrics", "is_all_tensors"]
 
@@ -62,6 +63,7 @@ def gather_for_metrics(
     use_gather_object: bool = False,
     *,
     gradient_state: MetricsGradientState,
+    comm: Communicator | None = None,
 ) -> Any:
     """Gather ``input_data`` from all processes, dropping the duplicates of the last batch.
 
@@ -69,13 +71,16 @@ def gather_for_metrics(
         input_data: tensors (any nesting) or, with ``use_gather_object``, picklable objects.
         use_gather_object: gather Python objects instead of tensors (automatic for non-tensors).
         gradient_state: the shared state that knows the end of the data and the remainder.
+        comm: gather over these processes only (the data-parallel replicas when tensor- or
+            context-parallel groups hold the same samples); default: every process.
 
     Returns:
         The gathered data, in dataset order; on the last batch only its ``remainder`` real
         samples (on any number of processes, as in Accelerate).
     """
     as_objects = use_gather_object or not is_all_tensors(input_data)
-    data = gather_object(input_data) if as_objects else gather(input_data)
+    comm = current_comm() if comm is None else comm
+    data = gather_object_on(comm, input_data) if as_objects else gather_on(comm, input_data)
     if not gradient_state.end_of_dataloader:
         return data
     remainder = gradient_state.remainder

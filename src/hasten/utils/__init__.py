@@ -8,6 +8,9 @@ from hasten.core.lazy import lazy_namespace
 
 _TABLE: dict[str, list[str]] = {
     "hasten.core.constants": [
+        "BETA_CP_AVAILABLE_PYTORCH_VERSION",
+        "BETA_TP_AVAILABLE_PYTORCH_VERSION",
+        "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION",
         "CUDA_DISTRIBUTED_TYPES",
         "DTENSOR_PYTORCH_VERSION",
         "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
@@ -157,6 +160,7 @@ _TABLE: dict[str, list[str]] = {
         "ParallelismConfig",
         "TorchContextParallelConfig",
         "TorchTensorParallelConfig",
+        "TorchTensorParallelPlugin",
     ],
     "hasten.config.quantization": ["BnbQuantizationConfig"],
     "hasten.platforms.checks": [

@@ -46,6 +46,11 @@ from hasten.config.kwargs import (
 from hasten.config.megatron import (
     MegatronLMPlugin,
 )
+from hasten.config.parallelism import (
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+    TorchTensorParallelPlugin,
+)
 from hasten.config.project import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -94,6 +99,9 @@ __all__ = [
     "SageMakerDistributedType",
     "TERecipeKwargs",
     "TensorInformation",
+    "TorchContextParallelConfig",
     "TorchDynamoPlugin",
+    "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
     "get_module_class_from_name",
 ]

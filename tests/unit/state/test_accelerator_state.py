@@ -152,8 +152,12 @@ def test_context_parallel_needs_fsdp2(fsdp_plugin: Any, match: str) -> None:
 
 
 def test_context_parallel_standalone_is_allowed_by_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.config.parallelism import ParallelismConfig
+
     monkeypatch.setenv("ACCELERATE_ALLOW_CP_STANDALONE", "true")
-    assert make(parallelism_config=types.SimpleNamespace(cp_enabled=True)).initialized
+    # past the FSDP check, the mesh check finds 2 context-parallel ranks for 1 process
+    with pytest.raises(ValueError, match=r"sizes multiply to 2 .* the job has 1 process"):
+        make(parallelism_config=ParallelismConfig(cp_size=2))
 
 
 def test_process_helpers_delegate(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,337 @@
+"""Tensor parallelism: shard a model's layers over the ``tp`` mesh from its tensor-parallel plan.
+
+A model carries its plan the transformers way, as ``tp_plan`` / ``_tp_plan``: a mapping of
+module-name patterns (``*`` matches one name segment, e.g. ``"layers.*.mlp.up"``) to styles
+("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence_parallel") or to torch
+`ParallelStyle` objects. hasten resolves the patterns once, checks that every size divides, and
+hands the result to torch's ``parallelize_module``. Models that already hold DTensor parameters
+(transformers' ``from_pretrained(tp_plan="auto")``) are accepted unchanged.
+
+Parameters the plan leaves alone stay plain tensors: they are copied from the group's first
+process once, and every process of the group computes the same gradients for them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from typing_extensions import override
+
+from hasten.core.constants import BETA_TP_AVAILABLE_TRANSFORMERS_VERSION
+from hasten.core.versions import compare_versions
+from hasten.strategies.base import Strategy
+from hasten.strategies.unwrap import extract_model_from_parallel
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = [
+    "TP_STYLES",
+    "TensorParallelStrategy",
+    "apply_tp_plan",
+    "clip_mixed_grad_norm_",
+    "find_tp_plan",
+    "full_tensors",
+    "get_model_tp_size",
+    "model_has_dtensor",
+    "resolve_tp_plan",
+]
+
+#: Style names hasten understands (the transformers spelling) and what each does.
+TP_STYLES = {
+    "colwise": "shard the output features; the output stays sharded",
+    "rowwise": "shard the input features (embeddings: the vocabulary); the output is all-reduced",
+    "colwise_rep": "shard the output features, then gather the output on every process",
+    "rowwise_rep": "take a replicated input, shard the input features; the output is all-reduced",
+    "sequence_parallel": "shard activations along the sequence dimension (norms, dropout)",
+}
+
+
+def model_has_dtensor(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a DTensor (sharded by tensor parallelism or FSDP2)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def get_model_tp_size(model: nn.Module) -> int | None:
+    """The tensor-parallel degree ``model`` was sharded with, or None when it was not."""
+    from torch.distributed.tensor import DTensor
+
+    model = extract_model_from_parallel(model)
+    size = getattr(model, "_tp_size", None) or getattr(model, "tp_size", None)
+    if isinstance(size, int) and size > 1:
+        return size
+    for param in model.parameters():
+        if isinstance(param, DTensor):
+            names = param.device_mesh.mesh_dim_names or ()
+            if "tp" in names:
+                return int(param.device_mesh["tp"].size())
+            if len(names) <= 1:
+                return int(param.device_mesh.size())
+    return None
+
+
+def find_tp_plan(model: nn.Module) -> Mapping[str, Any] | None:
+    """The model's plan: ``tp_plan`` (transformers' property, or a user attribute), else ``_tp_plan``."""
+    for attribute in ("tp_plan", "_tp_plan"):
+        try:
+            plan = getattr(model, attribute, None)
+        except (AttributeError, RuntimeError):  # some properties need a distributed setup
+            plan = None
+        if plan:
+            return dict(plan)
+    return None
+
+
+def _pattern(key: str) -> re.Pattern[str]:
+    return re.compile(
+        "\\.".join("[^.]+" if part == "*" else re.escape(part) for part in key.split("."))
+    )
+
+
+def _style(name: str, value: Any, module: nn.Module) -> Any:
+    """The torch `ParallelStyle` for plan entry ``value`` on ``module``."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        ParallelStyle,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    if isinstance(value, ParallelStyle):
+        return value
+    embedding = isinstance(module, nn.Embedding)
+    styles: dict[str, Callable[[], ParallelStyle]] = {
+        "colwise": ColwiseParallel,
+        # an embedding's input is token ids: replicated, never sharded
+        "rowwise": lambda: (
+            RowwiseParallel(input_layouts=Replicate()) if embedding else RowwiseParallel()
+        ),
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "sequence_parallel": SequenceParallel,
+    }
+    if value not in styles:
+        raise ValueError(
+            f"tp_plan[{name!r}] = {value!r} is not a tensor-parallel style hasten applies; use one "
+            f"of {sorted(styles)} or a torch.distributed.tensor.parallel.ParallelStyle object"
+        )
+    return styles[value]()
+
+
+def _check_divides(name: str, module: nn.Module, value: Any, tp_size: int) -> None:
+    """Sharded dimensions must split evenly over the tensor-parallel processes."""
+    dims: dict[str, int] = {}
+    if isinstance(module, nn.Linear):
+        dims = {"out_features": module.out_features, "in_features": module.in_features}
+        dims = {"out_features": dims["out_features"]} if "colwise" in str(value) else dims
+        dims = {"in_features": module.in_features} if "rowwise" in str(value) else dims
+    elif isinstance(module, nn.Embedding):
+        dims = {"embedding_dim" if "colwise" in str(value) else "num_embeddings": 0}
+        key = next(iter(dims))
+        dims[key] = module.embedding_dim if key == "embedding_dim" else module.num_embeddings
+    if not isinstance(value, str) or value == "sequence_parallel":
+        return
+    for dim, size in dims.items():
+        if size % tp_size != 0:
+            raise ValueError(
+                f"tp_plan[{name!r}] = {value!r} shards {type(module).__name__}.{dim} = {size} "
+                f"over tp_size={tp_size}, which does not divide it; pick a tp_size that divides "
+                f"{size} (e.g. {math.gcd(size, tp_size)}) or leave this module out of the plan"
+            )
+
+
+def resolve_tp_plan(model: nn.Module, plan: Mapping[str, Any], tp_size: int) -> dict[str, Any]:
+    """Resolve ``plan``'s patterns to concrete module names with torch styles.
+
+    Raises:
+        ValueError: a pattern matches no module (all such patterns are named), a style is
+            unknown, or a sharded size is not divisible by ``tp_size``.
+    """
+    modules = dict(model.named_modules())
+    resolved: dict[str, Any] = {}
+    missing: list[str] = []
+    for key, value in plan.items():
+        pattern = _pattern(key)
+        matches = [name for name in modules if name and pattern.fullmatch(name)]
+        if not matches:
+            missing.append(key)
+        for name in matches:
+            _check_divides(name, modules[name], value, tp_size)
+            resolved[name] = _style(name, value, modules[name])
+    if missing:
+        sample = [name for name in modules if name][:12]
+        raise ValueError(
+            f"The tensor-parallel plan names modules {type(model).__name__} does not have: "
+            f"{missing}. Its modules include {sample}; fix the plan's keys (module paths, with "
+            "'*' for one name segment such as a layer index)."
+        )
+    return resolved
+
+
+def _sync_plain_tensors(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Copy unsharded parameters and buffers from the group's first process (done once)."""
+    from torch.distributed.tensor import DTensor
+
+    group = mesh.get_group()
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if not isinstance(tensor, DTensor):
+                dist.broadcast(tensor.data, group_src=0, group=group)
+
+
+def apply_tp_plan(
+    model: nn.Module, mesh: DeviceMesh, plan: Mapping[str, Any] | None = None
+) -> nn.Module:
+    """Shard ``model`` in place over the 1-D ``mesh`` from ``plan`` (default: the model's own).
+
+    Raises:
+        ValueError: the model has no plan, or the plan does not fit it (see `resolve_tp_plan`).
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = find_tp_plan(model) if plan is None else plan
+    tp_size = int(mesh.size())
+    if not plan:
+        raise ValueError(
+            f"ParallelismConfig(tp_size={tp_size}) needs a tensor-parallel plan, but "
+            f"{type(model).__name__} has no `tp_plan` / `_tp_plan`. Give the model one, e.g. "
+            "model.tp_plan = {'layers.*.up': 'colwise', 'layers.*.down': 'rowwise'}; or load a "
+            "transformers model with from_pretrained(..., tp_plan='auto'); or set tp_size=1."
+        )
+    resolved = resolve_tp_plan(model, plan, tp_size)
+    parallelize_module(model, mesh, resolved)
+    _sync_plain_tensors(model, mesh)
+    return model
+
+
+def _is_transformers_model(model: nn.Module) -> bool:
+    return any(cls.__module__.startswith("transformers.") for cls in type(model).__mro__)
+
+
+class TensorParallelStrategy(Strategy):
+    """Shard each prepared model over the ``tp`` sub-mesh of the job's mesh (pure tensor parallel).
+
+    Args:
+        mesh: the job's `DeviceMesh` (its ``tp`` dimension is used).
+    """
+
+    name = "tensor_parallel"
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        from hasten.state.mesh import submesh
+
+        tp = submesh(mesh, "tp")
+        if tp is None:
+            raise ValueError("TensorParallelStrategy needs a mesh with a 'tp' dimension")
+        self.mesh = mesh
+        self.tp_mesh = tp
+        self.tp_size = int(tp.size())
+
+    def shard(self, module: nn.Module) -> nn.Module:
+        """Apply the module's plan, or accept it unchanged when it is already sharded.
+
+        Raises:
+            ValueError: a pre-sharded model's tensor-parallel degree differs from ``tp_size``.
+        """
+        if _is_transformers_model(module) and not compare_versions(
+            "transformers", ">=", BETA_TP_AVAILABLE_TRANSFORMERS_VERSION
+        ):
+            raise ImportError(
+                "Tensor parallelism of transformers models needs transformers >= "
+                f"{BETA_TP_AVAILABLE_TRANSFORMERS_VERSION}; pip install -U transformers"
+            )
+        if model_has_dtensor(module):
+            size = get_model_tp_size(module)
+            if size is not None and size != self.tp_size:
+                raise ValueError(
+                    f"The model was already sharded with tensor-parallel degree {size}, but "
+                    f"ParallelismConfig has tp_size={self.tp_size}; make them equal"
+                )
+            return module
+        return apply_tp_plan(module, self.tp_mesh)
+
+    @override
+    def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
+        return self.shard(super().setup_module(module, device))
+
+    @override
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip over sharded (DTensor) and plain gradients together; return the global norm."""
+        return clip_mixed_grad_norm_(parameters, max_norm, norm_type)
+
+    @override
+    def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:
+        """``full``: every shard gathered into plain tensors (on every process); else DTensors."""
+        state = self.unwrap(model, keep_torch_compile=False).state_dict()
+        return full_tensors(state) if full else state
+
+    @override
+    def load_model_state_dict(
+        self,
+        model: nn.Module,
+        state_dict: dict[str, Any],
+        *,
+        full: bool = True,
+        strict: bool = True,
+    ) -> None:
+        """Load plain tensors (``full``, every process) or DTensors into the sharded model."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        module = self.unwrap(model, keep_torch_compile=False)
+        options = StateDictOptions(full_state_dict=full, strict=strict)
+        set_model_state_dict(module, state_dict, options=options)
+
+    @override
+    def __repr__(self) -> str:
+        return f"TensorParallelStrategy(tp_size={self.tp_size})"
+
+
+def full_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    """Replace each DTensor of ``state`` by the full tensor (a collective: every process calls)."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
+
+
+def clip_mixed_grad_norm_(
+    parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+) -> torch.Tensor:
+    """`clip_grad_norm_` for a mix of DTensor and plain gradients (torch refuses to mix them).
+
+    The norm of each kind is taken separately (DTensor norms reduce over their mesh), combined
+    into the global norm, and every gradient is scaled by the same factor.
+    """
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    norms = []
+    for group in (sharded, plain):
+        if group:
+            norm = torch.nn.utils.get_total_norm(group, norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return torch.tensor(0.0)
+    stacked = torch.stack([n.to(norms[0].device) for n in norms])
+    total = stacked.max() if math.isinf(norm_type) else stacked.norm(norm_type)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    with torch.no_grad():
+        for grad in grads:
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            local.mul_(coef.to(local.device, local.dtype))
+    return total

@@ -1,0 +1,142 @@
+"""Tensor parallelism on 2 gloo processes: a plain PyTorch model sharded from its ``tp_plan``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from _support.distributed import run_distributed
+
+pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore:Slicing a flattened")]
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.down(torch.relu(self.up(x))))
+
+
+class TinyLM(nn.Module):
+    """Embedding, two MLP blocks and a head; its plan uses transformers' pattern syntax."""
+
+    tp_plan = {
+        "embed": "rowwise",
+        "blocks.*.up": "colwise",
+        "blocks.*.down": "rowwise",
+        "head": "colwise_rep",
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(3)
+    return [
+        (torch.randint(0, 16, (4, 6), generator=generator),) * 2  # type: ignore[misc]
+        for _ in range(3)
+    ]
+
+
+def _train(tp_size: int) -> dict[str, Any]:
+    from hasten import Accelerator
+    from hasten.config.parallelism import ParallelismConfig
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    config = ParallelismConfig(tp_size=tp_size) if tp_size > 1 else None
+    accelerator = Accelerator(parallelism_config=config)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    norms = []
+    for ids, target in _batches():
+        logits = model(ids)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 16), target.reshape(-1))
+        accelerator.backward(loss)
+        norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 0.5)))
+        optimizer.step()
+        optimizer.zero_grad()
+    from torch.distributed.tensor import DTensor
+
+    kinds = {n: isinstance(p, DTensor) for n, p in model.named_parameters()}
+    full = accelerator.get_state_dict(model)
+    return {
+        "weights": {k: v.detach().tolist() for k, v in full.items()},
+        "norms": norms,
+        "kinds": kinds,
+        "local_rows": model.blocks[0].up.weight.to_local().shape[0] if tp_size > 1 else 16,
+        "strategy": accelerator.strategy.name,
+    }
+
+
+@pytest.mark.timeout(180)
+def test_tensor_parallel_matches_one_process() -> None:
+    reference = _train(1)
+    from hasten.state._shared import reset_state
+
+    reset_state()
+    ranks = run_distributed(_train, 2, world_size=2, timeout=150)
+    for result in ranks:
+        assert result["strategy"] == "tensor_parallel"
+        assert result["local_rows"] == 8  # each process holds half of the colwise weight
+        assert result["kinds"]["blocks.0.up.weight"] and result["kinds"]["embed.weight"]
+        assert not result["kinds"]["blocks.0.norm.weight"]  # outside the plan: plain
+        assert result["norms"] == pytest.approx(reference["norms"], rel=1e-5)
+        assert result["weights"].keys() == reference["weights"].keys()
+        for name, value in reference["weights"].items():
+            torch.testing.assert_close(
+                torch.tensor(result["weights"][name]), torch.tensor(value), rtol=1e-5, atol=1e-6
+            )
+
+
+def _bad(case: str) -> str:
+    from hasten import Accelerator
+    from hasten.config.parallelism import ParallelismConfig
+
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
+    model: nn.Module = TinyLM()
+    if case == "no_plan":
+        model = nn.Sequential(nn.Linear(4, 4))
+    elif case == "missing":
+        model.tp_plan = {"blocks.*.up": "colwise", "blocks.*.attn.q": "colwise", "lm": "rowwise"}
+    elif case == "indivisible":
+        model.blocks[0].up = nn.Linear(8, 15)
+    elif case == "style":
+        model.tp_plan = {"head": "diagonal"}
+    try:
+        accelerator.prepare(model)
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("no_plan", "has no `tp_plan` / `_tp_plan`. Give the model one"),
+        ("missing", "does not have: ['blocks.*.attn.q', 'lm']"),
+        ("indivisible", "Linear.out_features = 15 over tp_size=2, which does not divide it"),
+        ("style", "tp_plan['head'] = 'diagonal' is not a tensor-parallel style"),
+    ],
+)
+def test_bad_plans_are_refused(case: str, expected: str) -> None:
+    for message in run_distributed(_bad, case, world_size=2, timeout=90):
+        assert expected in message
