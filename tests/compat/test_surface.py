@@ -34,7 +34,7 @@ CHECKED_GROUPS = {
     "xla_tpu": True,
     "deepspeed": False,  # DeepSpeed engine issue
     "fsdp": False,  # FSDP engine issue
-    "parallelism": False,  # TP/CP engine issue
+    "parallelism": True,
     "fp8": True,
     "megatron": False,  # helper `fp8` (issue 10) with Megatron-LM
 }

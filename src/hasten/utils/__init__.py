@@ -219,6 +219,7 @@ _TABLE: dict[str, list[str]] = {
         "convert_model",
         "has_transformer_engine_layers",
     ],
+    "hasten.strategies.tensor_parallel": ["get_model_tp_size", "model_has_dtensor"],
     "hasten.strategies.unwrap": [
         "extract_model_from_parallel",
         "is_compiled_module",
@@ -332,11 +333,6 @@ _PENDING: dict[str, list[str]] = {
         "merge_fsdp_weights",
         "save_fsdp_model",
         "save_fsdp_optimizer",
-    ],
-    "tensor parallelism (TorchTensorParallelPlugin)": [
-        "TorchTensorParallelPlugin",
-        "get_model_tp_size",
-        "model_has_dtensor",
     ],
     "the Megatron-LM engine": [
         "AbstractTrainStep",

@@ -38,6 +38,10 @@ from hasten.platforms.info import (
 from hasten.state import (
     wait_for_everyone,
 )
+from hasten.strategies.tensor_parallel import (
+    get_model_tp_size,
+    model_has_dtensor,
+)
 from hasten.strategies.unwrap import (
     extract_model_from_parallel,
     is_compiled_module,
@@ -57,6 +61,7 @@ __all__ = [
     "convert_bytes",
     "extract_model_from_parallel",
     "get_free_port",
+    "get_model_tp_size",
     "get_module_children_bottom_up",
     "get_pretty_name",
     "has_compiled_regions",
@@ -66,6 +71,7 @@ __all__ = [
     "is_repeated_blocks",
     "load",
     "merge_dicts",
+    "model_has_dtensor",
     "recursive_getattr",
     "save",
     "wait_for_everyone",
