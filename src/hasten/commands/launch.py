@@ -19,7 +19,7 @@ from hasten.config import envvars
 from hasten.config.enums import DynamoBackend, PrecisionType, enum_value
 from hasten.launchers.elastic import run, run_workers, script_command
 from hasten.launchers.env import plugin_env, setup_fp8_env, worker_env
-from hasten.launchers.options import add_option_flags, option_env
+from hasten.launchers.options import add_option_flags, check_parallelism_sizes, option_env
 from hasten.launchers.plan import RDZV_BACKENDS, SETTINGS, LaunchPlan, build_plan, resolve_settings
 from hasten.launchers.sagemaker import run_sagemaker
 from hasten.launchers.slurm import slurm_topology
@@ -315,6 +315,7 @@ def _plan_and_env(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, str]]
     setup_fp8_env(args, env)
     env.update(option_env(args))  # --use_fsdp / --fsdp_* flags (one table: launchers/options.py)
     env.update(dict(plan.extra_env))
+    check_parallelism_sizes(env, plan.num_processes)
     return plan, env
 
 

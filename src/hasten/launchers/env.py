@@ -39,6 +39,7 @@ _SECTIONS = {
     "deepspeed_config": ("", "ACCELERATE_DEEPSPEED_"),
     "megatron_lm_config": ("megatron_lm_", "MEGATRON_LM_"),
     "fp8_config": ("fp8_", "ACCELERATE_FP8_"),
+    "parallelism_config": ("parallelism_config_", "PARALLELISM_CONFIG_"),
 }
 # The three "keep this GEMM in higher precision" flags of override_linear_precision.
 _FP8_OVERRIDES = ("FPROP", "DGRAD", "WGRAD")
@@ -73,6 +74,8 @@ def plugin_env(config: Mapping[str, Any]) -> dict[str, str]:
             name = renamed.get(key) or prefix + key.removeprefix(strip).upper()
             if value is not None and name in envvars.ENV_VARS:
                 values[name] = _text(value)
+    if any(name.startswith("PARALLELISM_CONFIG_") for name in values):
+        values["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
     return values
 
 

@@ -3,20 +3,29 @@
 Each row names the ``hasten launch`` flag, its type, choices and help, the config-file key
 (inside its section, e.g. ``fsdp_config``) and the worker variable the plugin reads. The launch
 parser, the flags -> worker-variable step and the config-file -> worker-variable step are all
-generated from these rows, so a new setting is one new row. (FSDP rows here; DeepSpeed and
-parallelism rows go in the same table.)
+generated from these rows, so a new setting is one new row (FSDP and ParallelismConfig rows
+here; DeepSpeed rows go in the same table).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hasten.config import envvars
 
-__all__ = ["ENGINE_SWITCHES", "LAUNCH_OPTIONS", "LaunchOption", "add_option_flags", "option_env"]
+__all__ = [
+    "ENGINE_SWITCHES",
+    "LAUNCH_OPTIONS",
+    "LaunchOption",
+    "add_option_flags",
+    "check_parallelism_sizes",
+    "option_env",
+    "prepare_extend_env_parallelism_config",
+]
 
 _SHARDING = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
 _BOOL_CHOICES = ["true", "false"]
@@ -48,7 +57,37 @@ class LaunchOption:
 
 
 #: ``--use_<engine>`` switches and the variable each sets to "true".
-ENGINE_SWITCHES = {"--use_fsdp": "ACCELERATE_USE_FSDP"}
+ENGINE_SWITCHES = {
+    "--use_fsdp": "ACCELERATE_USE_FSDP",
+    "--use_parallelism_config": "ACCELERATE_USE_PARALLELISM_CONFIG",
+}
+_SWITCH_HELP = {
+    "--use_fsdp": "Shard with FSDP.",
+    "--use_parallelism_config": "Lay the processes out on a ParallelismConfig device mesh.",
+}
+# Section -> (argument group title, variable prefix its rows imply, the switch they imply).
+_GROUPS = {
+    "fsdp_config": ("FSDP (fsdp_config in config files; FSDP_* variables)", "FSDP_"),
+    "parallelism_config": (
+        "N-D parallelism (parallelism_config in config files; PARALLELISM_CONFIG_* variables)",
+        "PARALLELISM_CONFIG_",
+    ),
+}
+_IMPLIED = {
+    "FSDP_": "ACCELERATE_USE_FSDP",
+    "PARALLELISM_CONFIG_": "ACCELERATE_USE_PARALLELISM_CONFIG",
+}
+
+
+def _parallelism(name: str, help_text: str, **kwargs: Any) -> LaunchOption:
+    return LaunchOption(
+        f"--parallelism_config_{name}",
+        f"PARALLELISM_CONFIG_{name.upper()}",
+        help_text,
+        section="parallelism_config",
+        **kwargs,
+    )
+
 
 LAUNCH_OPTIONS: tuple[LaunchOption, ...] = (
     LaunchOption("--fsdp_version", "FSDP_VERSION", "FSDP version: 1 or 2.", choices=("1", "2")),
@@ -132,17 +171,39 @@ LAUNCH_OPTIONS: tuple[LaunchOption, ...] = (
         "Recompute each wrapped block's activations in backward.",
         type=_bool,
     ),
+    _parallelism("dp_replicate_size", "Replicated data-parallel degree (DDP/HSDP).", type=int),
+    _parallelism("dp_shard_size", "Sharded data-parallel degree (FSDP2).", type=int),
+    _parallelism("tp_size", "Tensor-parallel degree (the model's tp_plan).", type=int),
+    _parallelism("cp_size", "Context-parallel degree (FSDP2, GPU only).", type=int),
+    _parallelism("cp_backend", "Context-parallel backend.", choices=("torch",)),
+    _parallelism(
+        "cp_comm_strategy",
+        "How context-parallel shards exchange keys/values.",
+        choices=("allgather", "alltoall"),
+    ),
+    _parallelism("sp_size", "Sequence-parallel degree (DeepSpeed Ulysses).", type=int),
+    _parallelism("sp_backend", "Sequence-parallel backend.", choices=("deepspeed",)),
+    _parallelism("sp_seq_length", "Fixed sequence length for sequence parallelism.", type=int),
+    _parallelism(
+        "sp_seq_length_is_variable", "Sequence length varies between batches.", type=_bool
+    ),
+    _parallelism("sp_attn_implementation", "Attention kernel for sequence parallelism."),
 )
 
 
 def add_option_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the ``--use_fsdp`` switch and every `LAUNCH_OPTIONS` flag to ``parser``."""
-    group = parser.add_argument_group("FSDP (fsdp_config in config files; FSDP_* variables)")
-    for flag in ENGINE_SWITCHES:
-        group.add_argument(flag, action="store_true", default=None, help="Shard with FSDP.")
+    """Add the ``--use_*`` switches and every `LAUNCH_OPTIONS` flag to ``parser``."""
+    groups = {section: parser.add_argument_group(title) for section, (title, _) in _GROUPS.items()}
+    for flag, variable in ENGINE_SWITCHES.items():
+        section = next(s for s, (_, prefix) in _GROUPS.items() if _IMPLIED[prefix] == variable)
+        groups[section].add_argument(
+            flag, action="store_true", default=None, help=_SWITCH_HELP[flag]
+        )
     for option in LAUNCH_OPTIONS:
         choices = list(option.choices) if option.choices else None
-        group.add_argument(option.flag, type=option.type, choices=choices, help=option.help)
+        groups[option.section].add_argument(
+            option.flag, type=option.type, choices=choices, help=option.help
+        )
 
 
 def option_env(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, str]:
@@ -156,6 +217,44 @@ def option_env(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, str]:
         value = values.get(option.dest)
         if value is not None:
             env[option.env] = str(value)
-    if any(name.startswith("FSDP_") for name in env):
-        env.setdefault("ACCELERATE_USE_FSDP", "true")
+    for prefix, switch in _IMPLIED.items():
+        if any(name.startswith(prefix) for name in env):
+            env.setdefault(switch, "true")
     return env
+
+
+def prepare_extend_env_parallelism_config(
+    args: argparse.Namespace, current_env: dict[str, str]
+) -> dict[str, str]:
+    """Add the ``--parallelism_config_*`` flags' worker variables to ``current_env``; return it."""
+    for name, value in option_env(args).items():
+        if name.startswith("PARALLELISM_CONFIG_") or name == "ACCELERATE_USE_PARALLELISM_CONFIG":
+            current_env[name] = value
+    return current_env
+
+
+_SIZE_VARIABLES = tuple(
+    f"PARALLELISM_CONFIG_{dim}_SIZE" for dim in ("DP_REPLICATE", "DP_SHARD", "TP", "CP", "SP")
+)
+
+
+def check_parallelism_sizes(env: Mapping[str, str], num_processes: int | None) -> None:
+    """Refuse a launch whose ParallelismConfig sizes cannot multiply to the process count.
+
+    Raises:
+        ValueError: the sizes' product differs from ``num_processes`` (says both).
+    """
+    sizes = {name: int(env[name]) for name in _SIZE_VARIABLES if env.get(name)}
+    product = math.prod(sizes.values())
+    if not sizes or product == 1 or num_processes is None or product == num_processes:
+        return
+    if env.get("PARALLELISM_CONFIG_SP_SIZE") and env.get("ACCELERATE_USE_DEEPSPEED"):
+        return  # DeepSpeed's sequence parallelism lays out its own groups
+    shown = " x ".join(
+        f"{k.removeprefix('PARALLELISM_CONFIG_').lower()}={v}" for k, v in sizes.items()
+    )
+    raise ValueError(
+        f"The parallelism_config sizes multiply to {product} ({shown}), but the launch starts "
+        f"{num_processes} process(es); use --num_processes {product} or change the sizes so "
+        "their product is the number of processes"
+    )

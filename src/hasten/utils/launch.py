@@ -11,6 +11,7 @@ from hasten.launchers import debug_launcher, notebook_launcher
 from hasten.launchers.elastic import launch_config, script_command, worker_command
 from hasten.launchers.env import apply_worker_env, setup_fp8_env, worker_env
 from hasten.launchers.install import install_xla
+from hasten.launchers.options import prepare_extend_env_parallelism_config
 from hasten.launchers.plan import LaunchPlan, build_plan, resolve_settings
 from hasten.launchers.prepare import PrepareForLaunch, env_var_path_add
 from hasten.launchers.sagemaker import prepare_sagemager_args_inputs
@@ -28,6 +29,7 @@ __all__ = [
     "install_xla",
     "launch_config",
     "notebook_launcher",
+    "prepare_extend_env_parallelism_config",
     "prepare_multi_gpu_env",
     "prepare_sagemager_args_inputs",
     "prepare_simple_launcher_cmd_env",

@@ -7,7 +7,13 @@ import argparse
 import pytest
 
 from hasten.launchers.env import plugin_env
-from hasten.launchers.options import LAUNCH_OPTIONS, add_option_flags, option_env
+from hasten.launchers.options import (
+    LAUNCH_OPTIONS,
+    add_option_flags,
+    check_parallelism_sizes,
+    option_env,
+    prepare_extend_env_parallelism_config,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,3 +67,49 @@ def test_every_option_has_its_config_key_and_variable() -> None:
     env = plugin_env(config)
     assert env["ACCELERATE_USE_FSDP"] == "true"
     assert {o.env for o in LAUNCH_OPTIONS} <= set(env)
+
+
+def test_parallelism_flags_become_worker_variables() -> None:
+    args = _parser().parse_args(
+        ["--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2"]
+    )
+    assert option_env(args) == {
+        "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2",
+        "PARALLELISM_CONFIG_TP_SIZE": "2",
+        # a parallelism_config setting switches the config on (as --use_parallelism_config)
+        "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
+    }
+    assert "ACCELERATE_USE_FSDP" not in option_env(args)
+    current = {"PATH": "/bin"}
+    assert prepare_extend_env_parallelism_config(args, current) is current
+    assert current["PARALLELISM_CONFIG_TP_SIZE"] == "2" and current["PATH"] == "/bin"
+
+
+def test_parallelism_config_section_becomes_worker_variables() -> None:
+    config = {
+        "parallelism_config": {
+            "parallelism_config_dp_replicate_size": 1,
+            "parallelism_config_tp_size": 2,
+            "parallelism_config_cp_comm_strategy": "alltoall",
+        }
+    }
+    assert plugin_env(config) == {
+        "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "1",
+        "PARALLELISM_CONFIG_TP_SIZE": "2",
+        "PARALLELISM_CONFIG_CP_COMM_STRATEGY": "alltoall",
+        "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
+    }
+
+
+def test_parallelism_sizes_must_multiply_to_the_process_count() -> None:
+    env = {"PARALLELISM_CONFIG_DP_SHARD_SIZE": "2", "PARALLELISM_CONFIG_TP_SIZE": "2"}
+    check_parallelism_sizes(env, 4)
+    check_parallelism_sizes({}, 3)
+    with pytest.raises(
+        ValueError,
+        match=r"multiply to 4 \(dp_shard_size=2 x tp_size=2\), but the launch starts 2 process\(es\); use "
+        r"--num_processes 4",
+    ):
+        check_parallelism_sizes(env, 2)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--parallelism_config_cp_comm_strategy", "ring"])
