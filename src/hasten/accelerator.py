@@ -1196,10 +1196,14 @@ class Accelerator:
         self._trackers.log(values, step=step, log_kwargs=log_kwargs)
 
     def end_training(self) -> None:
-        """Finish a pending asynchronous save, close the trackers and wait for every process."""
+        """Finish pending saves and the trackers, then destroy the process group (as Accelerate).
+
+        Every process waits for the others first, so none tears the group down under a peer.
+        """
         self._checkpoints.finish()
         self._trackers.finish()
         self.wait_for_everyone()
+        self.state.destroy_process_group()
 
     def __repr__(self) -> str:
         return (

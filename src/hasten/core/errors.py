@@ -12,6 +12,7 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointNotFoundError",
     "NotCheckpointableError",
+    "ProcessGroupDestroyedError",
     "StateNotInitializedError",
 ]
 
@@ -30,3 +31,10 @@ class CheckpointExistsError(ValueError, FileExistsError):
 
 class StateNotInitializedError(ValueError, RuntimeError):
     """A `PartialState` helper was used before the state was set up."""
+
+
+class ProcessGroupDestroyedError(ValueError, RuntimeError):
+    """A collective or barrier ran after `end_training()` destroyed the process group.
+
+    torch raises `ValueError` for a missing default group, which is what Accelerate users see.
+    """

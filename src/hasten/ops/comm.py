@@ -189,6 +189,8 @@ def _choose() -> Communicator:
     state = PartialState()
     group = _world()
     if group is None:
+        # After end_training() destroyed the group, a collective must fail, not act alone.
+        state._check_process_group("This collective")
         return LocalComm(torch.device(state.device))
     # object collectives and rng states travel on the device the backend works on
     backend = str(dist.get_backend())
@@ -240,8 +242,13 @@ def data_parallel_comm(mesh: Any) -> Communicator | None:
 
 def current_comm() -> Communicator:
     """Return this process's communicator, choosing it once per default process group."""
-    chosen = _chosen
-    if chosen is not None and chosen[0]() is _world():
+    chosen, world = _chosen, _world()
+    # (a destroyed group's dead weak reference also reads None: only a LocalComm matches None)
+    if (
+        chosen is not None
+        and chosen[0]() is world
+        and (world is not None or chosen[0] is _no_group)
+    ):
         return chosen[1]
     return set_comm(_choose())
 

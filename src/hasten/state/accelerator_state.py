@@ -127,6 +127,8 @@ class AcceleratorState(SharedState):
         cpu = cpu or bool(envvars.setting("ACCELERATE_USE_CPU"))
         if shared:
             self._check_initialized(mixed_precision, cpu)
+            if _from_accelerator:  # a new Accelerator after end_training(): a new group
+                self._partial._restart_process_group()
             return
         if not _from_accelerator:
             raise RuntimeError(

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from hasten.config import envvars
 from hasten.config.enums import DistributedType
-from hasten.core.errors import StateNotInitializedError
+from hasten.core.errors import ProcessGroupDestroyedError, StateNotInitializedError
 from hasten.platforms.base import Platform
 from hasten.platforms.numa import set_numa_affinity
 from hasten.platforms.registry import current_platform
@@ -59,7 +59,14 @@ _KNOWN_ATTRS = frozenset(
         "_use_distributed",
         "_main_is_last",
         "_barrier",
+        "_group_kwargs",
     }
+)
+
+_DESTROYED = (
+    "{what} needs the process group of this {n}-process job, but end_training() (or "
+    "destroy_process_group()) destroyed it. Call it before end_training(), or create a new "
+    "Accelerator() to start a new process group (every process must do so)."
 )
 
 
@@ -106,6 +113,24 @@ def _init_process_group(spec: RunSpec, backend: str, kwargs: dict[str, Any]) -> 
     dist.init_process_group(backend=backend, **kwargs)
 
 
+def _default_store() -> Any:
+    """The default group's store (torch keeps it private; None where that changes)."""
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    try:
+        return getter() if getter is not None else None
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _destroyed_barrier(num_processes: int) -> Callable[[], None]:
+    def barrier() -> None:
+        raise ProcessGroupDestroyedError(
+            _DESTROYED.format(what="wait_for_everyone()", n=num_processes)
+        )
+
+    return barrier
+
+
 def _barrier_for(spec: RunSpec, device: torch.device) -> Callable[[], None] | None:
     """Choose the barrier once: none for one process, device-bound for nccl."""
     if spec.num_processes <= 1 or spec.backend is None:
@@ -148,6 +173,8 @@ class PartialState(SharedState):
     _distributed_type: DistributedType
     _use_distributed: bool
     _main_is_last: bool
+    _group_kwargs: dict[str, Any]
+    _group_destroyed: bool
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = shared = self._shared_state
@@ -186,6 +213,8 @@ class PartialState(SharedState):
                 _set_cpu_threads(spec.local_num_processes)
             if not dist.is_initialized():
                 _init_process_group(spec, spec.backend, dict(kwargs))
+        self._group_kwargs = dict(kwargs)
+        self._group_destroyed = False
         self.debug = bool(envvars.setting("ACCELERATE_DEBUG_MODE"))
         self.fork_launched = bool(envvars.setting("FORK_LAUNCHED"))
         self._mixed_precision = str(envvars.setting("ACCELERATE_MIXED_PRECISION"))
@@ -366,11 +395,49 @@ class PartialState(SharedState):
             print(*args, **kwargs)
 
     def destroy_process_group(self, group: Any = None) -> None:
-        """Destroy `group` (default: the default group) unless forked workers share it."""
+        """Destroy `group` (default: the default group) unless forked workers share it.
+
+        Afterwards `wait_for_everyone` and the collectives raise `ProcessGroupDestroyedError`
+        (they would otherwise hang or silently act as if alone); a new `Accelerator()` starts a
+        new group.
+        """
         if self.fork_launched and group is None:
             return
         if dist.is_available() and dist.is_initialized():
+            ours = group is None and self._spec.needs_process_group
+            if ours:
+                # Keep the rendezvous store: a restart then needs no new rendezvous (where rank
+                # 0 hosts the store, a peer could otherwise join the old one as it closes).
+                self._kept_store = _default_store()
             dist.destroy_process_group(group)
+            if ours:
+                self._group_destroyed = True
+                self._barrier = _destroyed_barrier(self.num_processes)
+
+    def _check_process_group(self, what: str) -> None:
+        """Raise `ProcessGroupDestroyedError` if `destroy_process_group` ended the job's group."""
+        if self.__dict__.get("_group_destroyed"):
+            raise ProcessGroupDestroyedError(_DESTROYED.format(what=what, n=self.num_processes))
+
+    def _restart_process_group(self) -> None:
+        """Create the process group again after `destroy_process_group` (a new Accelerator).
+
+        Every process must call it (it is a rendezvous), which constructing an Accelerator on
+        each process does.
+        """
+        if not self.__dict__.get("_group_destroyed") or dist.is_initialized():
+            return
+        spec = self._spec
+        assert spec.backend is not None  # a destroyed group had one
+        kwargs = dict(self._group_kwargs)
+        store = self.__dict__.pop("_kept_store", None)
+        if store is not None and not spec.use_deepspeed:
+            self._restarts = self.__dict__.get("_restarts", 0) + 1
+            kwargs["store"] = dist.PrefixStore(f"hasten_restart_{self._restarts}/", store)
+            kwargs.pop("init_method", None)
+        _init_process_group(spec, spec.backend, kwargs)
+        self._barrier = _barrier_for(spec, self.device)
+        self._group_destroyed = False
 
     @staticmethod
     def _reset_state() -> None:

@@ -104,15 +104,15 @@ class TrackerManager:
     def get(self, name: str, unwrap: bool = False) -> Any:
         """Return the tracker called ``name`` (its library object when ``unwrap``).
 
-        On a process where no tracker runs (the others of the main one, or before
-        init_trackers), returns an `AbsentTracker` whose methods do nothing, so calling code
-        needs no main-process guard; as in Accelerate, an unknown name raises only where some
-        tracker runs.
+        On a process where that tracker does not run (the others of the main one), or before
+        any tracker runs (as Accelerate's blank tracker), returns an `AbsentTracker` whose
+        methods do nothing, so calling code needs no main-process guard. An unknown name
+        raises on the main process once trackers run.
         """
         for tracker in self.trackers:
             if tracker.name == name:
                 return getattr(tracker, "tracker", None) if unwrap else tracker
-        if self.trackers:
+        if self.is_main_process and self.trackers:
             running = [t.name for t in self.trackers]
             raise ValueError(
                 f"get_tracker({name!r}): no such tracker is running (running: {running}). "
