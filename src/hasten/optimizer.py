@@ -7,6 +7,7 @@ costs no device synchronisation and no per-step patching.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -16,7 +17,7 @@ import torch
 from hasten.core.nested import honor_type
 from hasten.state import GradientState, PartialState
 
-__all__ = ["AcceleratedOptimizer", "move_to_device"]
+__all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
 
 # Attributes rebuilt on unpickling rather than pickled: the shared state is per process, the
 # hook handle points into the wrapped optimizer, and `step` may be a scheduler's closure.
@@ -194,6 +195,24 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+def patch_optimizer_step(
+    accelerated_optimizer: AcceleratedOptimizer, method: Callable[..., Any]
+) -> Callable[..., Any]:
+    """Wrap the inner optimizer's `method` (its ``step``) so a call marks the step as taken.
+
+    `AcceleratedOptimizer.step_was_skipped` reads that mark after a scaled step: the grad scaler
+    skips the inner ``step`` on inf/NaN gradients. Step hooks do this by default; patching is
+    for optimizers whose ``step`` runs no hooks.
+    """
+
+    @functools.wraps(method)
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
+        accelerated_optimizer._stepped = True
+        return method(*args, **kwargs)
+
+    return patched_step
 
 
 def _parameters(function: Callable[..., Any]) -> Iterable[str]:

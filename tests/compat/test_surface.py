@@ -43,13 +43,6 @@ CHECKED_GROUPS = {
 PENDING: frozenset[str] = frozenset(
     {
         # helper `surface` (issue 10), landing in batches now
-        "hasten.checkpointing.load_accelerator_state",
-        "hasten.checkpointing.load_custom_state",
-        "hasten.checkpointing.save_accelerator_state",
-        "hasten.checkpointing.save_custom_state",
-        "hasten.data_loader.DataLoaderAdapter",
-        "hasten.data_loader.SeedableRandomSampler",
-        "hasten.optimizer.patch_optimizer_step",
     }
 )
 

@@ -146,3 +146,22 @@ def test_train_and_eval_reach_schedule_free_optimizers() -> None:
     optimizer.train()
     optimizer.eval()
     assert calls == ["train", "eval"]
+
+
+def test_patch_optimizer_step_marks_the_step_taken() -> None:
+    from hasten.optimizer import AcceleratedOptimizer, patch_optimizer_step
+
+    model = torch.nn.Linear(2, 2)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped = AcceleratedOptimizer(inner, device_placement=False)
+    wrapped._stepped = False
+    calls: list[int] = []
+
+    def step(*args: object, **kwargs: object) -> str:
+        calls.append(1)
+        return "stepped"
+
+    patched = patch_optimizer_step(wrapped, step)
+    assert patched() == "stepped" and calls == [1]
+    assert wrapped._stepped is True
+    assert patched.__name__ == "step"

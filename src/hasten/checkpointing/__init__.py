@@ -17,7 +17,9 @@ _TABLE: dict[str, list[str]] = {
     "hasten.checkpointing.state": [
         "CheckpointContents",
         "load_accelerator_state",
+        "load_custom_state",
         "save_accelerator_state",
+        "save_custom_state",
     ],
 }
 

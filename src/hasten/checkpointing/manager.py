@@ -22,8 +22,8 @@ from hasten.checkpointing.preemption import PreemptionWatcher
 from hasten.checkpointing.state import (
     CheckpointContents,
     finish_async_save,
-    load_accelerator_state,
-    save_accelerator_state,
+    load_contents,
+    save_contents,
 )
 from hasten.checkpointing.writer import HostBuffers, PendingSave
 from hasten.config.project import ProjectConfiguration
@@ -169,7 +169,7 @@ class CheckpointManager:
             hook(models, contents.model_states, str(target))
         config = self.project_config
         automatic = config.automatic_checkpoint_naming
-        result = save_accelerator_state(
+        result = save_contents(
             target,
             contents,
             step=step,
@@ -215,9 +215,7 @@ class CheckpointManager:
         folder = self._load_dir(input_dir)
         for hook in self._load_hooks.values():
             hook(contents.models, str(folder))
-        attributes = load_accelerator_state(
-            folder, contents, map_location=map_location, strict=strict
-        )
+        attributes = load_contents(folder, contents, map_location=map_location, strict=strict)
         number = layout.checkpoint_number(folder)
         if self.project_config.automatic_checkpoint_naming and number is not None:
             # The next automatic save goes after the loaded one, not over it.

@@ -1,6 +1,6 @@
 """Sharded, dispatched and resumable data loading (``accelerate.data_loader``'s names)."""
 
-from hasten.data_loader.base import DataLoaderStateMixin
+from hasten.data_loader.base import DataLoaderAdapter, DataLoaderStateMixin
 from hasten.data_loader.dispatch import DataLoaderDispatcher
 from hasten.data_loader.iterable import IterableDatasetShard
 from hasten.data_loader.prepare import prepare_data_loader
@@ -10,6 +10,7 @@ from hasten.data_loader.skip import SkipBatchSampler, SkipDataLoader, skip_first
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderAdapter",
     "DataLoaderDispatcher",
     "DataLoaderShard",
     "DataLoaderStateMixin",

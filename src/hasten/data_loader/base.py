@@ -30,7 +30,12 @@ from hasten.data_loader.iterable import IterableDatasetShard
 from hasten.data_loader.samplers import get_sampler
 from hasten.state import GradientState
 
-__all__ = ["DataLoaderStateMixin", "ResumableDataLoader", "dataloader_kwargs"]
+__all__ = [
+    "DataLoaderAdapter",
+    "DataLoaderStateMixin",
+    "ResumableDataLoader",
+    "dataloader_kwargs",
+]
 
 # Constructor arguments that a rebuilt loader takes over from the original one. The sampling
 # arguments are left out: the shard supplies its own (batch) sampler.
@@ -210,15 +215,11 @@ def _stateful_variant(base: type) -> type:
     )
 
 
-class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
-    """A `DataLoader` that knows its epoch and position and can resume mid-epoch.
+class _ChoosesStatefulVariant:
+    """Picks the torchdata-backed variant of the class at construction.
 
-    Args:
-        dataset: the dataset to load from.
-        use_stateful_dataloader: back this loader with torchdata's ``StatefulDataLoader``.
-        skip_batches: batches to skip at the start of every iteration.
-        iteration: the epoch to start from.
-        **kwargs: forwarded to `DataLoader`.
+    A base of its own, so that `inspect.signature` of the loaders shows their ``__init__``,
+    and so that unpickling (which calls ``__new__`` without arguments) works.
     """
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
@@ -226,15 +227,32 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
             cls = _stateful_variant(cls)  # type: ignore[arg-type]
         return super().__new__(cls)
 
+
+class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStateMixin):
+    """A `DataLoader` that knows its epoch and position and can resume mid-epoch.
+
+    Accelerate's ``DataLoaderAdapter``: with ``use_stateful_dataloader=True`` the object is a
+    torchdata ``StatefulDataLoader`` too. Where Accelerate wraps a loader, hasten's *is* one,
+    so `base_dataloader` is the object itself.
+
+    Args:
+        dataset: the dataset to load from.
+        use_stateful_dataloader: back this loader with torchdata's ``StatefulDataLoader``.
+        batch_sampler: forwarded to `DataLoader`.
+        **kwargs: forwarded to `DataLoader`, except two read here: ``skip_batches`` (batches to
+            skip at the start of every iteration) and ``iteration`` (the epoch to start from).
+    """
+
     def __init__(
         self,
         dataset: Any,
         use_stateful_dataloader: bool = False,
-        skip_batches: int = 0,
-        iteration: int = 0,
+        batch_sampler: Any = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(dataset, **kwargs)
+        skip_batches = int(kwargs.pop("skip_batches", 0))
+        iteration = int(kwargs.pop("iteration", 0))
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
         self.skip_batches = skip_batches
         self.iteration = iteration
@@ -242,6 +260,11 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
         self._progress = _Progress()
         self._epoch_rng: dict[str, torch.Tensor] | None = None
         self._resume: dict[str, Any] | None = None
+
+    @property
+    def base_dataloader(self) -> DataLoader[Any]:
+        """The torch `DataLoader` doing the loading: this object itself (Accelerate's wrapped one)."""
+        return self
 
     @property
     def _position(self) -> int | None:
@@ -502,3 +525,7 @@ class ResumableDataLoader(DataLoader[Any], DataLoaderStateMixin):
 
 
 _END = object()
+
+
+# The name hasten's loaders were built on before Accelerate's was adopted.
+ResumableDataLoader = DataLoaderAdapter

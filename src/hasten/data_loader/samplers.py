@@ -27,11 +27,12 @@ class SeedableRandomSampler(RandomSampler):
 
     Args:
         *args: forwarded to `RandomSampler` (``data_source``, ``replacement``, ``num_samples``).
-        data_seed: the base seed; defaults to torch's current initial seed.
-        **kwargs: forwarded to `RandomSampler` (``generator``).
+        **kwargs: forwarded to `RandomSampler` (``generator``), except ``data_seed``: the base
+            seed, by default torch's current initial seed.
     """
 
-    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        data_seed: int | None = kwargs.pop("data_seed", None)
         super().__init__(*args, **kwargs)
         self.initial_seed = data_seed if data_seed is not None else torch.random.initial_seed()
         self.epoch = 0

@@ -14,10 +14,9 @@ from hasten.checkpointing import (
     CheckpointManager,
     CorruptCheckpointError,
     check_checkpointable,
-    load_accelerator_state,
-    save_accelerator_state,
 )
 from hasten.checkpointing.manifest import MANIFEST_NAME
+from hasten.checkpointing.state import load_contents, save_contents
 from hasten.checkpointing.writer import PendingSave
 from hasten.config.project import ProjectConfiguration
 
@@ -82,7 +81,7 @@ def test_round_trip_resumes_exactly(tmp_path: Path, async_save: bool, safe: bool
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 3)
     counter.value = 7
-    result = save_accelerator_state(
+    result = save_contents(
         tmp_path / "ckpt",
         _contents(model, opt, sched, counter),
         step=3,
@@ -96,7 +95,7 @@ def test_round_trip_resumes_exactly(tmp_path: Path, async_save: bool, safe: bool
     random.random(), np.random.rand()  # disturb every RNG before loading
 
     fresh, fresh_opt, fresh_sched, fresh_counter = _setup(1)
-    attrs = load_accelerator_state(
+    attrs = load_contents(
         tmp_path / "ckpt", _contents(fresh, fresh_opt, fresh_sched, fresh_counter)
     )
     assert attrs == {"step": 3}
@@ -110,16 +109,14 @@ def test_round_trip_resumes_exactly(tmp_path: Path, async_save: bool, safe: bool
 def test_async_save_is_isolated_from_later_training(tmp_path: Path) -> None:
     model, opt, sched, counter = _setup(0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    pending = save_accelerator_state(
+    pending = save_contents(
         tmp_path / "ckpt", _contents(model, opt, sched, counter), async_save=True
     )
     _train(model, opt, sched, 2)  # mutates the live weights while the thread writes
     assert isinstance(pending, PendingSave)
     pending.wait()
     fresh, fresh_opt, fresh_sched, fresh_counter = _setup(5)
-    load_accelerator_state(
-        tmp_path / "ckpt", _contents(fresh, fresh_opt, fresh_sched, fresh_counter)
-    )
+    load_contents(tmp_path / "ckpt", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
     for key, value in fresh.state_dict().items():
         assert torch.equal(value, before[key])
 
@@ -128,14 +125,14 @@ def test_tied_weights_are_stored_once(tmp_path: Path) -> None:
     from safetensors import safe_open
 
     model, opt, sched, counter = _setup(0)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
         assert sorted(f.keys()) == ["body.bias", "body.weight", "emb.weight"]
 
 
 def test_a_different_model_names_the_mismatching_keys(tmp_path: Path) -> None:
     model, opt, sched, counter = _setup(0)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     other = torch.nn.Sequential(torch.nn.Linear(6, 3))
     other_opt = torch.optim.AdamW(other.parameters())
     contents = CheckpointContents(
@@ -145,7 +142,7 @@ def test_a_different_model_names_the_mismatching_keys(tmp_path: Path) -> None:
         custom_objects=[Counter()],
     )
     with pytest.raises(ValueError, match=r"missing \(first: 0\.weight.*unexpected"):
-        load_accelerator_state(tmp_path / "c", contents)
+        load_contents(tmp_path / "c", contents)
 
 
 def test_a_strict_mismatch_leaves_the_model_untouched_when_read_in_place(
@@ -155,56 +152,56 @@ def test_a_strict_mismatch_leaves_the_model_untouched_when_read_in_place(
 
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # the weights would be read into place
     model, opt, sched, counter = _setup(0)
-    save_accelerator_state(tmp_path / "c", CheckpointContents(model_states=[model.state_dict()]))
+    save_contents(tmp_path / "c", CheckpointContents(model_states=[model.state_dict()]))
     bigger = Tied()
     bigger.extra = torch.nn.Linear(2, 2)
     before = {k: v.clone() for k, v in bigger.state_dict().items()}
     with pytest.raises(ValueError, match=r"missing \(first: extra\.weight"):
-        load_accelerator_state(tmp_path / "c", CheckpointContents(models=[bigger]))
+        load_contents(tmp_path / "c", CheckpointContents(models=[bigger]))
     assert all(torch.equal(before[k], v) for k, v in bigger.state_dict().items())
 
 
 def test_non_strict_loads_matching_keys_and_warns(tmp_path: Path) -> None:
     model, opt, sched, counter = _setup(0)
-    save_accelerator_state(tmp_path / "c", CheckpointContents(model_states=[model.state_dict()]))
+    save_contents(tmp_path / "c", CheckpointContents(model_states=[model.state_dict()]))
     bigger = Tied()
     bigger.extra = torch.nn.Linear(2, 2)
     with pytest.warns(UserWarning, match="matching keys only"):
-        load_accelerator_state(tmp_path / "c", CheckpointContents(models=[bigger]), strict=False)
+        load_contents(tmp_path / "c", CheckpointContents(models=[bigger]), strict=False)
     assert torch.equal(bigger.body.weight, model.body.weight)
 
 
 def test_different_number_of_registered_objects(tmp_path: Path) -> None:
     model, opt, sched, counter = _setup(0)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     contents = _contents(*_setup(0))
     contents.custom_objects.append(Counter())
     with pytest.raises(ValueError, match="holds 1 custom objects but 2 were"):
-        load_accelerator_state(tmp_path / "c", contents)
+        load_contents(tmp_path / "c", contents)
 
 
 def test_missing_folder_and_partial_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="No checkpoint folder"):
-        load_accelerator_state(tmp_path / "nope", CheckpointContents())
+        load_contents(tmp_path / "nope", CheckpointContents())
     model, opt, sched, counter = _setup(0)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     (tmp_path / "c" / MANIFEST_NAME).unlink()
     with pytest.raises(CorruptCheckpointError, match="missing"):
-        load_accelerator_state(tmp_path / "c", _contents(*_setup(0)))
+        load_contents(tmp_path / "c", _contents(*_setup(0)))
     with pytest.warns(RuntimeWarning, match="without verification"):
-        load_accelerator_state(tmp_path / "c", _contents(*_setup(0)), strict=False)
+        load_contents(tmp_path / "c", _contents(*_setup(0)), strict=False)
 
 
 def test_corrupted_optimizer_file_is_named(tmp_path: Path) -> None:
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 1)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     path = tmp_path / "c" / "optimizer.bin"
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"optimizer\.bin is corrupted"):
-        load_accelerator_state(tmp_path / "c", _contents(*_setup(0)))
+        load_contents(tmp_path / "c", _contents(*_setup(0)))
 
 
 def test_failing_part_is_named_or_warned(tmp_path: Path) -> None:
@@ -213,13 +210,13 @@ def test_failing_part_is_named_or_warned(tmp_path: Path) -> None:
             raise KeyError("schema changed")
 
     model, opt, sched, counter = _setup(0)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     contents = _contents(*_setup(0))
     contents.custom_objects = [Fragile()]
     with pytest.raises(RuntimeError, match="custom object 0"):
-        load_accelerator_state(tmp_path / "c", contents)
+        load_contents(tmp_path / "c", contents)
     with pytest.warns(RuntimeWarning, match="custom object 0"):
-        load_accelerator_state(tmp_path / "c", contents, strict=False)
+        load_contents(tmp_path / "c", contents, strict=False)
 
 
 def test_check_checkpointable_names_bad_objects() -> None:
@@ -277,16 +274,16 @@ def test_accumulated_gradients_round_trip_per_process(tmp_path: Path) -> None:
     model(torch.randint(0, 11, (4, 3))).sum().backward()  # mid-accumulation: grads pending
     expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     contents = CheckpointContents(model_states=[model.state_dict()], models=[model])
-    save_accelerator_state(tmp_path / "ckpt", contents)
+    save_contents(tmp_path / "ckpt", contents)
     assert (tmp_path / "ckpt" / "gradients_0_0.safetensors").is_file()
     fresh, *_ = _setup(1)
-    load_accelerator_state(tmp_path / "ckpt", CheckpointContents(models=[fresh]))
+    load_contents(tmp_path / "ckpt", CheckpointContents(models=[fresh]))
     grads = {n: p.grad for n, p in fresh.named_parameters() if p.grad is not None}
     assert grads.keys() == expected.keys()
     for name, grad in expected.items():
         assert torch.equal(grads[name], grad)
     model.zero_grad(set_to_none=True)  # after an optimizer step: nothing to save
-    save_accelerator_state(tmp_path / "clean", CheckpointContents([model.state_dict()], [model]))
+    save_contents(tmp_path / "clean", CheckpointContents([model.state_dict()], [model]))
     assert not list((tmp_path / "clean").glob("gradients_*"))
 
 
@@ -299,21 +296,21 @@ def test_multi_block_files_are_read_in_parallel_and_verified_before_use(
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # and is read into place
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 2)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     expected = _train(model, opt, sched, 2)
     fresh, fresh_opt, fresh_sched, fresh_counter = _setup(3)
-    load_accelerator_state(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
+    load_contents(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
     assert _train(fresh, fresh_opt, fresh_sched, 2) == expected
     target = tmp_path / "c" / "optimizer.bin"
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, different content
     target.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"optimizer\.bin is corrupted"):
-        load_accelerator_state(tmp_path / "c", _contents(*_setup(4)))
+        load_contents(tmp_path / "c", _contents(*_setup(4)))
     data[:4] = b"JUNK"  # unpickling now fails too: the checksum error is what is reported
     target.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"optimizer\.bin is corrupted"):
-        load_accelerator_state(tmp_path / "c", _contents(*_setup(4)))
+        load_contents(tmp_path / "c", _contents(*_setup(4)))
 
 
 def test_async_saves_reuse_host_buffers_and_keep_ties(tmp_path: Path) -> None:
@@ -321,21 +318,21 @@ def test_async_saves_reuse_host_buffers_and_keep_ties(tmp_path: Path) -> None:
 
     model, opt, sched, counter = _setup(0)
     buffers = HostBuffers()
-    first = save_accelerator_state(
+    first = save_contents(
         tmp_path / "a", _contents(model, opt, sched, counter), async_save=True, host_buffers=buffers
     )
     assert isinstance(first, PendingSave)
     first.wait()
     kept = [b.data_ptr() for b in buffers._buffers]
     _train(model, opt, sched, 1)
-    second = save_accelerator_state(
+    second = save_contents(
         tmp_path / "b", _contents(model, opt, sched, counter), async_save=True, host_buffers=buffers
     )
     assert isinstance(second, PendingSave)
     second.wait()
     assert [b.data_ptr() for b in buffers._buffers][: len(kept)] == kept  # no new allocation
     fresh, fresh_opt, fresh_sched, fresh_counter = _setup(1)
-    load_accelerator_state(tmp_path / "b", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
+    load_contents(tmp_path / "b", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
     assert fresh.head.weight is fresh.emb.weight
     for key, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[key], value)
@@ -350,11 +347,11 @@ def test_reloading_in_process_reuses_the_live_tensors_and_resumes_exactly(
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # every file is read into place
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 2)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     expected = _train(model, opt, sched, 3)  # moves the weights and optimizer state on
     params = {name: id(p) for name, p in model.named_parameters()}
     moments = {id(t) for state in opt.state.values() for t in state.values()}
-    load_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    load_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     assert {name: id(p) for name, p in model.named_parameters()} == params
     assert {id(t) for state in opt.state.values() for t in state.values()} == moments
     assert _train(model, opt, sched, 3) == expected
@@ -368,7 +365,7 @@ def test_an_optimizer_without_a_cheap_state_dict_is_loaded_into_fresh_memory(
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 2)
-    save_accelerator_state(tmp_path / "c", _contents(model, opt, sched, counter))
+    save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
     expected = _train(model, opt, sched, 2)
     fresh, fresh_opt, fresh_sched, fresh_counter = _setup(1)
     _train(fresh, fresh_opt, fresh_sched, 1)  # has state, but will not hand it out
@@ -377,7 +374,7 @@ def test_an_optimizer_without_a_cheap_state_dict_is_loaded_into_fresh_memory(
         raise RuntimeError("consolidate_state_dict() first")
 
     monkeypatch.setattr(fresh_opt, "state_dict", refuse)
-    load_accelerator_state(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
+    load_contents(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
     assert _train(fresh, fresh_opt, fresh_sched, 2) == expected
 
 
@@ -398,16 +395,14 @@ def test_async_save_holds_the_next_optimizer_step_until_its_state_is_copied(
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 2)
     saved = {k: v.clone() for k, v in opt.state_dict()["state"][0].items()}
-    pending = save_accelerator_state(
-        tmp_path / "c", _contents(model, opt, sched, counter), async_save=True
-    )
+    pending = save_contents(tmp_path / "c", _contents(model, opt, sched, counter), async_save=True)
     start = time.perf_counter()
     _train(model, opt, sched, 1)  # its step waits for the copy, then changes the state
     assert time.perf_counter() - start >= 0.25
     pending.wait()  # type: ignore[union-attr]
     assert not opt._optimizer_step_pre_hooks  # released with the save
     fresh, fresh_opt, fresh_sched, fresh_counter = _setup(1)
-    load_accelerator_state(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
+    load_contents(tmp_path / "c", _contents(fresh, fresh_opt, fresh_sched, fresh_counter))
     loaded = fresh_opt.state_dict()["state"][0]
     assert all(torch.equal(loaded[k], v) for k, v in saved.items())
     assert not torch.equal(opt.state_dict()["state"][0]["exp_avg"], saved["exp_avg"])
@@ -430,9 +425,7 @@ def test_a_failed_deferred_copy_releases_the_optimizer_and_is_reported(
     monkeypatch.setattr(writer.HostBuffers, "copy", fail_on_the_writer_thread)
     model, opt, sched, counter = _setup(0)
     _train(model, opt, sched, 1)
-    pending = save_accelerator_state(
-        tmp_path / "c", _contents(model, opt, sched, counter), async_save=True
-    )
+    pending = save_contents(tmp_path / "c", _contents(model, opt, sched, counter), async_save=True)
     _train(model, opt, sched, 1)  # the step is released, not held forever
     with pytest.raises(RuntimeError, match="no room for the host copy"):
         pending.wait()  # type: ignore[union-attr]
