@@ -64,6 +64,23 @@ def _fsdp_strategy(plugin: Any, device: torch.device) -> Strategy:
     return FSDP1Strategy(plugin, device)
 
 
+def _fsdp_on_mesh(plugin: Any, device: torch.device, config: Any) -> Strategy | None:
+    """FSDP2 over a ParallelismConfig mesh (HSDP, FSDP2 x TP); None without such a mesh."""
+    mesh = getattr(config, "device_mesh", None)
+    if mesh is None or plugin is None:
+        return None
+    if plugin.fsdp_version != 2:
+        if config.tp_enabled or config.cp_enabled or config.dp_replicate_enabled:
+            raise ValueError(
+                f"ParallelismConfig dimensions {config.active_mesh_dims} need FSDP2, but the FSDP "
+                "plugin has fsdp_version=1; set fsdp_version=2 (--fsdp_version 2)"
+            )
+        return None
+    from hasten.strategies.composable import MeshFSDP2Strategy
+
+    return MeshFSDP2Strategy(plugin, device, mesh, config)
+
+
 def _tensor_parallel(config: Any) -> Strategy | None:
     """Pure tensor parallelism (tp only, optionally over one replica): hasten's TP strategy."""
     if not getattr(config, "tp_enabled", False):
@@ -99,7 +116,9 @@ def select_strategy(
     choice = engine if isinstance(engine, EngineChoice) else None
     kind = choice.distributed_type if choice is not None else _label(engine)
     if kind == DistributedType.FSDP:
-        return _fsdp_strategy(choice.fsdp_plugin if choice is not None else None, device)
+        plugin = choice.fsdp_plugin if choice is not None else None
+        on_mesh = _fsdp_on_mesh(plugin, device, parallelism_config)
+        return on_mesh if on_mesh is not None else _fsdp_strategy(plugin, device)
     if kind in _UNWIRED_TYPES:
         return UnwiredStrategy(_UNWIRED_TYPES[kind])
     unused = [n for n in (choice.requested if choice is not None else ()) if n != "fsdp"]

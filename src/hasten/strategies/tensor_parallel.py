@@ -310,21 +310,22 @@ def full_tensors(state: dict[str, Any]) -> dict[str, Any]:
 def clip_mixed_grad_norm_(
     parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
 ) -> torch.Tensor:
-    """`clip_grad_norm_` for a mix of DTensor and plain gradients (torch refuses to mix them).
+    """`clip_grad_norm_` over gradients on different meshes, or plain (torch refuses to mix them).
 
-    The norm of each kind is taken separately (DTensor norms reduce over their mesh), combined
-    into the global norm, and every gradient is scaled by the same factor.
+    Gradients are grouped by mesh (plain tensors form one group); each group's norm is reduced
+    over its mesh, the groups' norms are combined into the global norm, and every gradient is
+    scaled by the same factor. Returns the global norm (before clipping) as a plain tensor.
     """
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in parameters if p.grad is not None]
-    sharded = [g for g in grads if isinstance(g, DTensor)]
-    plain = [g for g in grads if not isinstance(g, DTensor)]
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for grad in grads:
+        groups.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
     norms = []
-    for group in (sharded, plain):
-        if group:
-            norm = torch.nn.utils.get_total_norm(group, norm_type)
-            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if not norms:
         return torch.tensor(0.0)
     stacked = torch.stack([n.to(norms[0].device) for n in norms])
