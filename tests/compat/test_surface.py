@@ -33,7 +33,7 @@ CHECKED_GROUPS = {
     "sagemaker": True,
     "xla_tpu": True,
     "deepspeed": False,  # DeepSpeed engine issue
-    "fsdp": False,  # FSDP engine issue
+    "fsdp": True,
     "parallelism": True,
     "fp8": True,
     "megatron": False,  # helper `fp8` (issue 10) with Megatron-LM

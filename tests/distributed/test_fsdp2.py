@@ -219,3 +219,36 @@ def test_kill_9_during_a_sharded_save_leaves_nothing_loadable(tmp_path: Path) ->
     staging = layout.staging_path(folder)
     assert staging.exists() and (staging / "pytorch_model_fsdp_0" / "__0_0.distcp").exists()
     assert layout.newest_complete_checkpoint(tmp_path) is None
+
+
+def _helpers(folder: str) -> bool:
+    from hasten.training.fsdp_utils import (
+        load_fsdp_model,
+        load_fsdp_optimizer,
+        save_fsdp_model,
+        save_fsdp_optimizer,
+    )
+
+    accelerator = _accelerator("fsdp2")
+    plugin = accelerator.state.fsdp_plugin
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    train(accelerator, model, optimizer, 2)
+    before = accelerator.get_state_dict(model)
+    save_fsdp_model(plugin, accelerator, model, folder)
+    save_fsdp_optimizer(plugin, accelerator, optimizer, model, folder)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    load_fsdp_model(plugin, accelerator, model, folder)
+    load_fsdp_optimizer(plugin, accelerator, optimizer, model, folder)
+    after = accelerator.get_state_dict(model)
+    return all(torch.equal(after[k], v) for k, v in before.items())
+
+
+@pytest.mark.timeout(120)
+def test_save_and_load_fsdp_model_helpers(tmp_path: Path) -> None:
+    assert run_distributed(_helpers, str(tmp_path), world_size=2, timeout=60) == [True, True]
+    assert (tmp_path / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    assert (tmp_path / "optimizer_0" / ".metadata").is_file()

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "merge-weights": "hasten.commands.merge",
     "plot": "hasten.commands.plot",
     "test": "hasten.commands.test",
+    "to-fsdp2": "hasten.commands.to_fsdp2",
     "tpu-config": "hasten.commands.tpu",
 }
 

@@ -13,6 +13,9 @@ __all__ = [
     "CUDA_DISTRIBUTED_TYPES",
     "DTENSOR_PYTORCH_VERSION",
     "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
+    "FSDP2_PYTORCH_VERSION",
+    "FSDP_MODEL_NAME",
+    "FSDP_PYTORCH_VERSION",
     "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
     "MODEL_NAME",
     "OPTIMIZER_NAME",
@@ -64,6 +67,10 @@ MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
 # Oldest torch with a usable DTensor, and whose elastic launcher accepts
 # `log_line_prefix_template`.
 DTENSOR_PYTORCH_VERSION = "2.5.0"
+# FSDP: oldest torch for FSDP1 / FSDP2 (fully_shard), and the sharded-model folder stem.
+FSDP_PYTORCH_VERSION = "2.1.0"
+FSDP2_PYTORCH_VERSION = "2.6.0"
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
 ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
 # Oldest versions with tensor parallelism (DTensor, transformers' TP plans) and context parallelism.
 BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"

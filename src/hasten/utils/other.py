@@ -52,12 +52,16 @@ from hasten.training.compile import (
     has_repeated_blocks,
     is_repeated_blocks,
 )
+from hasten.training.fsdp_utils import (
+    compile_regions_fsdp2,
+)
 
 __all__ = [
     "TORCH_SAFE_GLOBALS",
     "check_os_kernel",
     "clean_state_dict_for_safetensors",
     "compile_regions",
+    "compile_regions_fsdp2",
     "convert_bytes",
     "extract_model_from_parallel",
     "get_free_port",

@@ -1,0 +1,315 @@
+"""Accelerate's FSDP helper functions (``accelerate.utils.fsdp_utils``), on hasten's strategies.
+
+``save_fsdp_model`` / ``load_fsdp_model`` / ``save_fsdp_optimizer`` / ``load_fsdp_optimizer``
+write and read Accelerate's layout: a sharded state dict as a DCP folder
+(``pytorch_model_fsdp_<i>`` / ``optimizer_<i>``), a full one as ``pytorch_model_fsdp[_<i>].bin``
+/ ``optimizer[_<i>].bin`` from rank 0. The ``fsdp2_*`` helpers expose the pieces of the FSDP2
+strategy's prepare. Every process calls the collective ones together.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hasten.checkpointing.merge import merge_sharded_checkpoint
+from hasten.checkpointing.sharded_state import sharded_model_dir, sharded_optimizer_dir
+from hasten.config import envvars
+from hasten.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
+from hasten.precision import Precision
+from hasten.state import PartialState
+from hasten.strategies.fsdp1 import FSDP1Strategy
+from hasten.strategies.fsdp2 import (
+    FSDP2Strategy,
+    apply_activation_checkpointing,
+    ignored_modules,
+    modules_to_shard,
+)
+from hasten.strategies.rebind import canonical_name
+from hasten.strategies.sharded import ShardedStrategy, state_dict_options
+from hasten.training.compile import compile_regions
+
+__all__ = [
+    "compile_regions_fsdp2",
+    "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
+    "ensure_weights_retied",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
+    "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_auto_wrap_policy",
+    "fsdp2_prepare_model",
+    "fsdp2_switch_optimizer_parameters",
+    "get_fsdp2_grad_scaler",
+    "get_parameters_from_modules",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "merge_fsdp_weights",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+]
+
+
+def merge_fsdp_weights(
+    checkpoint_dir: str,
+    output_path: str,
+    safe_serialization: bool = True,
+    remove_checkpoint_dir: bool = False,
+) -> None:
+    """Merge a sharded (DCP) FSDP checkpoint folder into one model file, in one process."""
+    merge_sharded_checkpoint(checkpoint_dir, output_path, safe_serialization, remove_checkpoint_dir)
+
+
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Ask for rank-0-only weight loading (``FSDP_CPU_RAM_EFFICIENT_LOADING=true``)."""
+    envvars.write("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Load weights on every rank again (``FSDP_CPU_RAM_EFFICIENT_LOADING=false``)."""
+    envvars.write("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
+
+
+def _strategy(fsdp_plugin: Any, accelerator: Any) -> ShardedStrategy:
+    strategy = getattr(accelerator, "strategy", None)
+    if isinstance(strategy, ShardedStrategy) and (
+        fsdp_plugin is None or strategy.plugin is fsdp_plugin
+    ):
+        return strategy
+    plugin = fsdp_plugin if fsdp_plugin is not None else accelerator.state.fsdp_plugin
+    if plugin is None:
+        raise ValueError(
+            "This helper needs an FSDP run: pass the FullyShardedDataParallelPlugin (or create "
+            "the Accelerator with fsdp_plugin=...)."
+        )
+    cls = FSDP2Strategy if plugin.fsdp_version == 2 else FSDP1Strategy
+    return cls(plugin, accelerator.device)
+
+
+def _sharded(fsdp_plugin: Any, use_dcp: bool) -> bool:
+    name = getattr(fsdp_plugin.state_dict_type, "name", str(fsdp_plugin.state_dict_type))
+    if name == "LOCAL_STATE_DICT":
+        raise ValueError(
+            "save/load_fsdp_* with LOCAL_STATE_DICT is not supported by hasten; use "
+            "SHARDED_STATE_DICT (any number of processes) or FULL_STATE_DICT."
+        )
+    if name == "SHARDED_STATE_DICT" and not use_dcp:
+        raise ValueError(
+            "A SHARDED_STATE_DICT is written with torch.distributed.checkpoint; pass use_dcp=True."
+        )
+    return name == "SHARDED_STATE_DICT"
+
+
+def _full_file(stem: str, index: int) -> str:
+    return f"{stem}.bin" if index == 0 else f"{stem}_{index}.bin"
+
+
+def _adapter_refused(adapter_only: bool) -> None:
+    if adapter_only:
+        raise ValueError(
+            "adapter_only=True (PEFT adapters only) is not supported by hasten's FSDP helpers; "
+            "save the whole model (adapter_only=False)."
+        )
+
+
+def _dcp(call: str, state: dict[str, Any], folder: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    getattr(dcp, call)(state, checkpoint_id=folder)
+
+
+def save_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: Any,
+    output_dir: Any,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Save ``model``: sharded into ``pytorch_model_fsdp_<i>/`` or full from rank 0."""
+    _adapter_refused(adapter_only)
+    strategy = _strategy(fsdp_plugin, accelerator)
+    if _sharded(strategy.plugin, use_dcp):
+        _dcp(
+            "save",
+            strategy.model_state_dict(model, full=False),
+            Path(output_dir) / sharded_model_dir(model_index),
+        )
+        return
+    state = strategy.model_state_dict(model, full=True)
+    if PartialState().is_main_process:
+        os.makedirs(output_dir, exist_ok=True)
+        torch.save(state, Path(output_dir) / _full_file(FSDP_MODEL_NAME, model_index))
+
+
+def load_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: Any,
+    input_dir: Any,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Load what `save_fsdp_model` wrote (sharded: on any number of processes)."""
+    _adapter_refused(adapter_only)
+    strategy = _strategy(fsdp_plugin, accelerator)
+    if _sharded(strategy.plugin, use_dcp):
+        state = strategy.model_state_dict(model, full=False)
+        _dcp("load", state, Path(input_dir) / sharded_model_dir(model_index))
+        strategy.load_model_state_dict(model, state, full=False)
+        return
+    path = Path(input_dir) / _full_file(FSDP_MODEL_NAME, model_index)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    strategy.load_model_state_dict(model, state, full=True)
+
+
+def save_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: Any,
+    output_dir: Any,
+    optimizer_index: int = 0,
+    use_dcp: bool = True,
+) -> None:
+    """Save ``optimizer``'s state keyed by parameter name: sharded (DCP) or full from rank 0."""
+    strategy = _strategy(fsdp_plugin, accelerator)
+    if _sharded(strategy.plugin, use_dcp):
+        _dcp(
+            "save",
+            strategy.optimizer_state_dict(model, optimizer, full=False),
+            Path(output_dir) / sharded_optimizer_dir(optimizer_index),
+        )
+        return
+    state = strategy.optimizer_state_dict(model, optimizer, full=True)
+    if PartialState().is_main_process:
+        os.makedirs(output_dir, exist_ok=True)
+        torch.save(state, Path(output_dir) / _full_file(OPTIMIZER_NAME, optimizer_index))
+
+
+def load_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: Any,
+    input_dir: Any,
+    optimizer_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Load what `save_fsdp_optimizer` wrote."""
+    _adapter_refused(adapter_only)
+    strategy = _strategy(fsdp_plugin, accelerator)
+    if _sharded(strategy.plugin, use_dcp):
+        state = strategy.optimizer_state_dict(model, optimizer, full=False)
+        _dcp("load", state, Path(input_dir) / sharded_optimizer_dir(optimizer_index))
+        strategy.load_optimizer_state_dict(model, optimizer, state, full=False)
+        return
+    path = Path(input_dir) / _full_file(OPTIMIZER_NAME, optimizer_index)
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    strategy.load_optimizer_state_dict(model, optimizer, state, full=True)
+
+
+def fsdp2_prepare_model(accelerator: Any, model: nn.Module) -> nn.Module:
+    """Shard ``model`` with FSDP2 as the Accelerator's plugin asks (no compile, no autocast)."""
+    strategy = _strategy(None, accelerator)
+    if not isinstance(strategy, FSDP2Strategy):
+        raise ValueError("fsdp2_prepare_model needs fsdp_version=2 in the FSDP plugin.")
+    return strategy.prepare_module(
+        model, accelerator.device, precision=Precision(), compile_fn=lambda module: module
+    )
+
+
+def fsdp2_load_full_state_dict(
+    accelerator: Any, model: nn.Module, full_sd: dict, cpu_offload: bool = False
+) -> None:
+    """Load a full state dict held by rank 0 (others may pass ``{}``) into a sharded model."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    options = state_dict_options(full=True, cpu_offload=cpu_offload)
+    set_model_state_dict(model, full_sd, options=options)
+
+
+def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: dict) -> None:
+    """Replace each optimizer parameter by ``mapping[param.data_ptr()]`` (or ``mapping[param]``).
+
+    Raises:
+        KeyError: a parameter has no entry (the optimizer would keep training a stale copy).
+    """
+    for group in optimizer.param_groups:
+        replaced = []
+        for param in group["params"]:
+            new = mapping.get(param.data_ptr(), mapping.get(param))
+            if new is None:
+                raise KeyError(
+                    f"No new parameter for an optimizer parameter of shape {tuple(param.shape)}: "
+                    "build the mapping from every parameter of the model before sharding."
+                )
+            replaced.append(new)
+        group["params"] = replaced
+
+
+def fsdp2_apply_ac(accelerator: Any, model: nn.Module) -> nn.Module:
+    """Checkpoint the activations of the blocks the plugin's wrap policy picks."""
+    return apply_activation_checkpointing(_strategy(None, accelerator).plugin, model)
+
+
+def fsdp2_canonicalize_names(named_params: dict) -> dict:
+    """Drop wrapper pieces (``_checkpoint_wrapped_module.``, ``_orig_mod.``...) from the keys."""
+    return {canonical_name(name): value for name, value in named_params.items()}
+
+
+def fsdp2_prepare_auto_wrap_policy(
+    fsdp2_plugin: Any, model: nn.Module
+) -> Callable[[nn.Module], bool] | None:
+    """``policy(module) -> bool`` for the plugin's wrap policy bound to ``model`` (None: no wrap)."""
+    chosen = {id(m) for m in modules_to_shard(fsdp2_plugin, model, [])}
+    if not chosen:
+        return None
+    return lambda module: id(module) in chosen
+
+
+def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
+    """FSDP2 uses torch's plain `GradScaler` (DTensor gradients unscale in place)."""
+    return torch.amp.GradScaler(PartialState().device.type, **kwargs)
+
+
+def get_parameters_from_modules(
+    modules: Iterable[nn.Module] | str, model: Any, device: Any
+) -> set[nn.Parameter]:
+    """The parameters of ``modules`` (modules, or a regex of module names in ``model``)."""
+    holder = type("_Spec", (), {"ignored_modules": modules})()
+    return {p for module in ignored_modules(holder, model) for p in module.parameters()}
+
+
+def ensure_weights_retied(param_init_fn: Any, model: nn.Module, device: torch.device) -> Any:
+    """Wrap ``param_init_fn`` so parameters tied in ``model`` stay tied after initialisation."""
+    tied: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            tied.setdefault(id(param), []).append((module, name))
+    groups = [owners for owners in tied.values() if len(owners) > 1]
+    if not groups:
+        return param_init_fn
+
+    def init_and_retie(module: nn.Module) -> Any:
+        result = param_init_fn(module)
+        for owners in groups:
+            first, name = owners[0]
+            for other, other_name in owners[1:]:
+                setattr(other, other_name, getattr(first, name))
+        return result
+
+    return init_and_retie
+
+
+def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Compile ``module``'s repeated blocks in place (names unchanged), before ``fully_shard``."""
+    return compile_regions(module, **compile_kwargs)

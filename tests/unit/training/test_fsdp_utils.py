@@ -1,0 +1,65 @@
+"""Accelerate's FSDP helpers that need no process group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from _support.fsdp_models import TinyTransformer
+from hasten.config import envvars
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.training.fsdp_utils import (
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+    ensure_weights_retied,
+    fsdp2_canonicalize_names,
+    fsdp2_prepare_auto_wrap_policy,
+    fsdp2_switch_optimizer_parameters,
+    get_parameters_from_modules,
+)
+
+
+def test_ram_efficient_loading_switches() -> None:
+    enable_fsdp_ram_efficient_loading()
+    assert envvars.setting("FSDP_CPU_RAM_EFFICIENT_LOADING") is True
+    disable_fsdp_ram_efficient_loading()
+    assert envvars.setting("FSDP_CPU_RAM_EFFICIENT_LOADING") is False
+
+
+def test_canonicalize_and_switch_parameters() -> None:
+    names = {"layers.0._checkpoint_wrapped_module.up.weight": 1, "_orig_mod.head.bias": 2}
+    assert fsdp2_canonicalize_names(names) == {"layers.0.up.weight": 1, "head.bias": 2}
+    old, new = nn.Linear(2, 2), nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(old.parameters(), lr=0.1)
+    mapping = {p.data_ptr(): q for p, q in zip(old.parameters(), new.parameters())}
+    fsdp2_switch_optimizer_parameters(optimizer, mapping)
+    assert optimizer.param_groups[0]["params"] == list(new.parameters())
+    with pytest.raises(KeyError, match="No new parameter"):
+        fsdp2_switch_optimizer_parameters(torch.optim.SGD(old.parameters(), lr=0.1), {})
+
+
+def test_auto_wrap_policy_and_parameters_from_modules() -> None:
+    model = TinyTransformer()
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap"
+    )
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    assert policy is not None and policy(model.layers[0]) and not policy(model.head)
+    none = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="no_wrap")
+    assert fsdp2_prepare_auto_wrap_policy(none, model) is None
+    found = get_parameters_from_modules("head", model, "cpu")
+    assert found == set(model.head.parameters())
+
+
+def test_ensure_weights_retied() -> None:
+    model = nn.Sequential(nn.Linear(3, 3, bias=False), nn.Linear(3, 3, bias=False))
+    model[1].weight = model[0].weight
+
+    def reinit(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            module.weight = nn.Parameter(torch.zeros(3, 3))
+
+    init = ensure_weights_retied(reinit, model, torch.device("cpu"))
+    init(model[1])
+    assert model[1].weight is model[0].weight
