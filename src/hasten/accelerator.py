@@ -335,6 +335,7 @@ class Accelerator:
             device=self.device,
             ddp_kwargs=self.ddp_handler,
             parallelism_config=self.parallelism_config,
+            world_size=self.num_processes,
         )
         self.precision = self.strategy.select_precision(
             self.state.mixed_precision,
@@ -621,6 +622,9 @@ class Accelerator:
             placements = list(device_placement)
         self._check_unique(args)
         self.strategy.check_usable()
+        engine_prepared = self.strategy.prepare_all(self, list(args))
+        if engine_prepared is not None:
+            return self._register_engine_prepared(engine_prepared)
         args = tuple(self.precision.prepare_together(list(args)))
         result = list(args)
         kinds = [_kind(obj) for obj in args]
@@ -652,6 +656,19 @@ class Accelerator:
             if kinds[i] == "scheduler":
                 result[i] = self.prepare_scheduler(obj)
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _register_engine_prepared(self, prepared: list[Any]) -> Any:
+        """Record what an engine prepared in one go (Megatron-LM) as prepare() would have."""
+        for obj in prepared:
+            if isinstance(obj, nn.Module):
+                self._models.append(obj)
+            elif isinstance(obj, AcceleratedOptimizer):
+                self._optimizers.append(obj)
+            elif isinstance(obj, AcceleratedScheduler):
+                self._schedulers.append(obj)
+            elif isinstance(obj, torch.utils.data.DataLoader):
+                self._dataloaders.append(obj)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _mark(self, prepared: Any) -> None:
         # Accelerate's marker, which other libraries test to avoid preparing twice.

@@ -21,7 +21,7 @@ from hasten.config.kwargs import (
     ProfileKwargs,
 )
 from hasten.config.project import DataLoaderConfiguration, GradientAccumulationPlugin
-from hasten.strategies import SingleDeviceStrategy, UnwiredStrategy
+from hasten.strategies import SingleDeviceStrategy
 from hasten.strategies.unwrap import is_compiled_module
 
 
@@ -156,16 +156,18 @@ def test_dataloader_config_views() -> None:
     assert config.even_batches
 
 
-def test_unwired_engine_is_accepted_then_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hasten.config.megatron as megatron_config
+def test_megatron_without_cuda_is_accepted_then_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.platforms import checks
+    from hasten.strategies.megatron import MegatronStrategy
 
-    monkeypatch.setattr(megatron_config, "MegatronLMPlugin", lambda: object())
+    monkeypatch.setattr(checks, "is_cuda_available", lambda: False)
+    monkeypatch.setattr("hasten.strategies.megatron.strategy.is_cuda_available", lambda: False)
     monkeypatch.setenv("ACCELERATE_USE_MEGATRON_LM", "true")
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
     acc = Accelerator(cpu=True)
-    assert isinstance(acc.strategy, UnwiredStrategy)  # refused, never silently ignored
+    assert isinstance(acc.strategy, MegatronStrategy)  # refused at prepare, never ignored
     assert acc.state.engine.requested == ("megatron_lm",)
-    with pytest.raises(NotImplementedError, match="Megatron-LM engine is not wired"):
+    with pytest.raises(RuntimeError, match="Megatron-LM needs CUDA GPUs"):
         acc.prepare(mlp())
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hasten.config.envvars import env, fill_from_env
+from hasten.config.megatron_models import MODEL_CONFIGS_TO_MEGATRON_PARSERS
 
 __all__ = ["MegatronLMPlugin"]
 
@@ -190,6 +191,23 @@ class MegatronLMPlugin:
                 f"MegatronLMPlugin(consumed_samples={self.consumed_samples!r}) has one entry per "
                 "prepared data loader (train, valid, test): at most 3"
             )
+
+    def set_network_size_args(self, model: Any, batch_data: Any = None) -> None:
+        """Fill the network arguments (layers, sizes, sequence length) from ``model.config``.
+
+        Raises:
+            ValueError: no parser is registered for the model's ``config.model_type``.
+        """
+        model_type = str(getattr(getattr(model, "config", None), "model_type", "")).lower()
+        for name, parser in MODEL_CONFIGS_TO_MEGATRON_PARSERS.items():
+            if model_type and name in model_type:
+                parser(self, model, batch_data)
+                return
+        raise ValueError(
+            f"Megatron-LM has no model-config parser for model_type={model_type!r} "
+            f"({type(model).__name__}); supported: {sorted(MODEL_CONFIGS_TO_MEGATRON_PARSERS)}. "
+            "Register one with @add_model_config_to_megatron_parser(model_type)."
+        )
 
     def set_mixed_precision(self, mixed_precision: str) -> None:
         """Enable Megatron's fp16 or bf16 training (bf16 needs Megatron's local DDP)."""

@@ -96,6 +96,14 @@ def _requested_plugins(
 
 
 def _check_exclusive(names: tuple[str, ...]) -> None:
+    if "megatron_lm" in names and ("deepspeed" in names or "fsdp" in names):
+        other = "DeepSpeed" if "deepspeed" in names else "FSDP"
+        raise ValueError(
+            f"A Megatron-LM plugin and a{'n' if other == 'FSDP' else ''} {other} plugin were "
+            "given (as arguments or through ACCELERATE_USE_MEGATRON_LM / ACCELERATE_USE_"
+            f"{other.upper()}); Megatron-LM does its own data and model parallelism and cannot "
+            f"run under {other}. Pass only one of them (and unset the other variable)."
+        )
     if "deepspeed" in names and "fsdp" in names:
         raise ValueError(
             "Both an FSDP plugin and a DeepSpeed plugin were given (as arguments or through "
@@ -132,20 +140,20 @@ def resolve_engine(
     _check_exclusive(names)
     if base == DistributedType.XLA:
         return EngineChoice("xla", base, requested=names)
+    if megatron is not None:
+        # Asked for explicitly: the engine says at prepare() if this machine cannot run it.
+        return EngineChoice(
+            "megatron_lm",
+            DistributedType.MEGATRON_LM,
+            megatron_lm_plugin=megatron,
+            requested=names,
+        )
     if deepspeed is not None and not cpu:
         return EngineChoice(
             "deepspeed", DistributedType.DEEPSPEED, deepspeed_plugins=deepspeed, requested=names
         )
     if base in (DistributedType.NO, DistributedType.DEEPSPEED):
         return EngineChoice("none", base, requested=names)
-    if megatron is not None and base not in (DistributedType.MULTI_XPU, DistributedType.MULTI_CPU):
-        return EngineChoice(
-            "megatron_lm",
-            DistributedType.MEGATRON_LM,
-            fsdp_plugin=fsdp,
-            megatron_lm_plugin=megatron,
-            requested=names,
-        )
     if fsdp is not None or (context_parallel and base != DistributedType.MULTI_CPU):
         return EngineChoice("fsdp", DistributedType.FSDP, fsdp_plugin=fsdp, requested=names)
     return EngineChoice("none", base, requested=names)

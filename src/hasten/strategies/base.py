@@ -120,6 +120,11 @@ class Strategy:
         rebind_optimizers([*optimizers, *earlier_optimizers], before, after)
         return prepared, list(optimizers), list(schedulers)
 
+    def prepare_all(self, accelerator: Any, objects: list[Any]) -> list[Any] | None:
+        """Prepare a whole prepare() call at once (Megatron-LM needs its loaders, model,
+        optimizer and scheduler together), or return None to let the Accelerator do it."""
+        return None
+
     def backward_fn(self, num_steps: int, scale: Callable[[Any], Any] | None) -> BackwardFn | None:
         """Return a backward the engine owns (e.g. DeepSpeed's), or None for hasten's own."""
         return None

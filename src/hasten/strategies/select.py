@@ -96,6 +96,7 @@ def select_strategy(
     device: torch.device,
     ddp_kwargs: DDPWrapSettings | None = None,
     parallelism_config: Any = None,
+    world_size: int = 1,
 ) -> Strategy:
     """Pick the strategy for this run.
 
@@ -106,12 +107,14 @@ def select_strategy(
         ddp_kwargs: the user's `DistributedDataParallelKwargs`, if any.
         parallelism_config: a `ParallelismConfig`; sharded, tensor, context or sequence
             parallel dimensions select the (not yet wired) composable-parallelism engine.
+        world_size: processes in the run (Megatron-LM checks its parallel sizes against it).
 
     Returns:
         The strategy object the Accelerator dispatches to.
 
     Raises:
-        ValueError: ``engine`` is not a known `DistributedType`.
+        ValueError: ``engine`` is not a known `DistributedType`, or Megatron-LM sizes that do
+            not divide ``world_size``.
     """
     choice = engine if isinstance(engine, EngineChoice) else None
     kind = choice.distributed_type if choice is not None else _label(engine)
@@ -119,6 +122,10 @@ def select_strategy(
         plugin = choice.fsdp_plugin if choice is not None else None
         on_mesh = _fsdp_on_mesh(plugin, device, parallelism_config)
         return on_mesh if on_mesh is not None else _fsdp_strategy(plugin, device)
+    if kind == DistributedType.MEGATRON_LM and choice is not None:
+        from hasten.strategies.megatron import MegatronStrategy
+
+        return MegatronStrategy(choice.megatron_lm_plugin, world_size)
     if kind in _UNWIRED_TYPES:
         return UnwiredStrategy(_UNWIRED_TYPES[kind])
     unused = [n for n in (choice.requested if choice is not None else ()) if n != "fsdp"]

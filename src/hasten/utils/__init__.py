@@ -155,6 +155,15 @@ _TABLE: dict[str, list[str]] = {
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
     "hasten.config.deepspeed": ["DeepSpeedPlugin"],
     "hasten.config.megatron": ["MegatronLMPlugin"],
+    "hasten.config.megatron_models": ["add_model_config_to_megatron_parser"],
+    "hasten.strategies.megatron.data": ["MegatronLMDummyDataLoader", "MegatronLMDummyScheduler"],
+    "hasten.strategies.megatron.engine": ["avg_losses_across_data_parallel_group"],
+    "hasten.strategies.megatron.train_step": [
+        "AbstractTrainStep",
+        "BertTrainStep",
+        "GPTTrainStep",
+        "T5TrainStep",
+    ],
     "hasten.config.parallelism": [
         "DeepSpeedSequenceParallelConfig",
         "ParallelismConfig",
@@ -328,7 +337,6 @@ _TABLE: dict[str, list[str]] = {
 _PENDING: dict[str, list[str]] = {
     "the DeepSpeed engine": [
         "GatheredParameters",
-        "MegatronLMDummyScheduler",
         "compile_regions_deepspeed",
         "deepspeed",
         "prepare_deepspeed_cmd_env",
@@ -349,16 +357,6 @@ _PENDING: dict[str, list[str]] = {
         "merge_fsdp_weights",
         "save_fsdp_model",
         "save_fsdp_optimizer",
-    ],
-    "the Megatron-LM engine": [
-        "AbstractTrainStep",
-        "BertTrainStep",
-        "GPTTrainStep",
-        "MegatronLMDummyDataLoader",
-        "T5TrainStep",
-        "add_model_config_to_megatron_parser",
-        "avg_losses_across_data_parallel_group",
-        "megatron_lm",
     ],
 }
 

@@ -46,6 +46,15 @@ from hasten.config.kwargs import (
 from hasten.config.megatron import (
     MegatronLMPlugin,
 )
+from hasten.config.megatron_models import (
+    MODEL_CONFIGS_TO_MEGATRON_PARSERS,
+    add_model_config_to_megatron_parser,
+    parse_bert_config,
+    parse_glm4_moe_config,
+    parse_gpt2_config,
+    parse_llama_config,
+    parse_t5_config,
+)
 from hasten.config.parallelism import (
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
@@ -88,6 +97,7 @@ __all__ = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LoggerType",
+    "MODEL_CONFIGS_TO_MEGATRON_PARSERS",
     "MSAMPRecipeKwargs",
     "MegatronLMPlugin",
     "OptLevel",
@@ -103,5 +113,11 @@ __all__ = [
     "TorchDynamoPlugin",
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
+    "add_model_config_to_megatron_parser",
     "get_module_class_from_name",
+    "parse_bert_config",
+    "parse_glm4_moe_config",
+    "parse_gpt2_config",
+    "parse_llama_config",
+    "parse_t5_config",
 ]

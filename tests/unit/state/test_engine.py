@@ -34,8 +34,19 @@ def test_deepspeed_and_megatron_labels() -> None:
     assert resolve_engine(gpu, cpu=True, deepspeed_plugin=object()).name == "none"
     megatron = resolve_engine(gpu, cpu=False, megatron_lm_plugin=object())
     assert megatron.distributed_type == DistributedType.MEGATRON_LM
-    xpu = resolve_engine(DistributedType.MULTI_XPU, cpu=False, megatron_lm_plugin=object())
-    assert xpu.name == "none"
+    # Asked for explicitly, Megatron-LM is the engine anywhere (it refuses at prepare without
+    # CUDA), never silently dropped.
+    for base in (DistributedType.MULTI_XPU, DistributedType.MULTI_CPU, DistributedType.NO):
+        assert resolve_engine(base, cpu=True, megatron_lm_plugin=object()).name == "megatron_lm"
+
+
+@pytest.mark.parametrize("other", ["deepspeed_plugin", "fsdp_plugin"])
+def test_megatron_with_fsdp_or_deepspeed_is_an_error(other: str) -> None:
+    engine = "DeepSpeed" if other == "deepspeed_plugin" else "FSDP"
+    with pytest.raises(ValueError, match=rf"Megatron-LM plugin and an? {engine} plugin"):
+        resolve_engine(
+            DistributedType.MULTI_GPU, cpu=False, megatron_lm_plugin=object(), **{other: FSDP2}
+        )
     assert resolve_engine(DistributedType.XLA, cpu=False, fsdp_plugin=FSDP2).name == "xla"
 
 

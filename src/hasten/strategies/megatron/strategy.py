@@ -1,0 +1,174 @@
+"""`MegatronStrategy`: a `MegatronLMPlugin` run, set up by megatron-core in one prepare() call.
+
+Megatron-LM owns the whole step: the prepared model runs forward, backward and the optimizer
+inside ``model(**batch)``, so `backward` and the wrapped optimizer/scheduler steps are no-ops,
+and precision (fp16/bf16) is the engine's. Sizes are checked when the Accelerator is built;
+CUDA and megatron-core when something is prepared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from hasten.core.imports import require
+from hasten.platforms.checks import is_cuda_available
+from hasten.precision import Precision
+from hasten.strategies.base import BackwardFn, Strategy
+from hasten.strategies.megatron.args import parallel_sizes
+from hasten.strategies.megatron.data import MegatronLMDummyDataLoader, MegatronLMDummyScheduler
+
+__all__ = ["MegatronStrategy", "micro_batch_size_of", "prepare_call"]
+
+
+def _no_backward(loss: torch.Tensor, **kwargs: Any) -> None:
+    """The engine ran backward inside the model's forward; nothing is left to do."""
+
+
+def micro_batch_size_of(plugin: Any, objects: list[Any]) -> int:
+    """The micro-batch size: the prepared loaders' (smallest with ``is_train_batch_min``).
+
+    Raises:
+        ValueError: no data loader among ``objects``.
+    """
+    if plugin.megatron_dataset_flag:
+        for obj in objects:
+            if isinstance(obj, MegatronLMDummyDataLoader):
+                return int(obj.dataset_args["micro_batch_size"])
+    sizes = [obj.batch_size for obj in objects if getattr(obj, "batch_size", None) is not None]
+    if not sizes:
+        raise ValueError(
+            "Megatron-LM takes its micro-batch size from the data loaders: pass the training (and "
+            "evaluation) DataLoader to the same accelerator.prepare() call as the model."
+        )
+    return int(min(sizes) if plugin.is_train_batch_min else max(sizes))
+
+
+class MegatronStrategy(Strategy):
+    """Tensor / pipeline / sequence / context parallelism with megatron-core.
+
+    Args:
+        plugin: the `MegatronLMPlugin`.
+        world_size: processes in the run.
+
+    Raises:
+        ValueError: tp x pp x cp does not divide ``world_size``.
+    """
+
+    name = "megatron_lm"
+    syncs_gradients = True
+
+    def __init__(self, plugin: Any, world_size: int) -> None:
+        self.plugin = plugin
+        self.world_size = world_size
+        self.sizes = parallel_sizes(plugin, world_size)
+
+    @override
+    def check_usable(self) -> None:
+        if not is_cuda_available():
+            raise RuntimeError(
+                "Megatron-LM needs CUDA GPUs: megatron-core's layers and its DDP run on CUDA "
+                "only, and this machine has none. Remove the MegatronLMPlugin (and "
+                "ACCELERATE_USE_MEGATRON_LM / distributed_type: MEGATRON_LM) to train with DDP."
+            )
+        # optional: megatron-core
+        require(
+            "megatron.core",
+            feature="the Megatron-LM engine",
+            extra="megatron",
+            pip_name="megatron-core",
+        )
+
+    @override
+    def select_precision(
+        self,
+        mixed_precision: Any,
+        device: torch.device,
+        autocast_kwargs: Any,
+        scaler_kwargs: Any,
+        *,
+        fp8_recipe: Any = None,
+    ) -> Precision:
+        """Megatron runs fp16/bf16 itself (Float16Module, mixed-precision optimizer)."""
+        label = str(getattr(mixed_precision, "value", mixed_precision) or "no")
+        if label == "fp8" or fp8_recipe is not None:
+            raise ValueError(
+                "mixed_precision='fp8' is not wired for the Megatron-LM engine (it needs "
+                "TransformerEngine layers inside megatron-core); use mixed_precision='bf16'."
+            )
+        self.plugin.set_mixed_precision(label)
+        return Precision(label)
+
+    @override
+    def backward_fn(self, num_steps: int, scale: Any) -> BackwardFn | None:
+        return _no_backward
+
+    def prepare_all(self, accelerator: Any, objects: list[Any]) -> list[Any] | None:
+        """Prepare one call's objects together, as Megatron-LM needs (see `prepare_call`)."""
+        self.check_usable()
+        return prepare_call(accelerator, self.plugin, self.sizes, objects)
+
+    @override
+    def __repr__(self) -> str:
+        return f"MegatronStrategy({self.sizes})"
+
+
+def _configure_plugin(plugin: Any, sizes: dict[str, int], objects: list[Any]) -> None:
+    """Fill the plugin's Megatron arguments from the loaders, model, optimizer and scheduler."""
+    plugin.set_training_args(micro_batch_size_of(plugin, objects), sizes["data_parallel_size"])
+    batch = None
+    for obj in objects:
+        if isinstance(obj, torch.utils.data.DataLoader):
+            batch = next(iter(obj))
+            break
+    for obj in objects:
+        if isinstance(obj, nn.Module):
+            plugin.set_network_size_args(obj, batch)
+        elif isinstance(obj, torch.optim.Optimizer):
+            plugin.set_optimizer_type(obj)
+        elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+            raise ValueError(
+                f"Megatron-LM builds its own learning-rate schedule; pass "
+                f"MegatronLMDummyScheduler(optimizer, total_num_steps=..., warmup_num_steps=...) "
+                f"instead of {type(obj).__name__}."
+            )
+        elif isinstance(obj, MegatronLMDummyScheduler):
+            plugin.set_scheduler_args(obj)
+
+
+def prepare_call(
+    accelerator: Any, plugin: Any, sizes: dict[str, int], objects: list[Any]
+) -> list[Any]:
+    """Megatron-LM's prepare: configure, initialise megatron-core, build and wrap everything.
+
+    Raises:
+        ValueError: a second model, no data loader, or a torch LR scheduler.
+    """
+    from hasten.strategies.megatron import engine
+    from hasten.strategies.megatron.data import prepare_data_loader
+
+    models = [obj for obj in objects if isinstance(obj, nn.Module)]
+    if len(models) > 1 or (models and getattr(accelerator, "_models", None)):
+        raise ValueError("Megatron-LM trains one model per Accelerator; prepare a single model.")
+    _configure_plugin(plugin, sizes, objects)
+    engine.initialize(accelerator, args_defaults=plugin.megatron_lm_default_args)
+    model, optimizer, scheduler = engine.prepare_model_optimizer_scheduler(accelerator)
+    wrapped_optimizer = engine.MegatronLMOptimizerWrapper(optimizer)
+    replaced: dict[type, Any] = {
+        nn.Module: engine.MegatronEngine(accelerator, model, optimizer, scheduler),
+        torch.optim.Optimizer: wrapped_optimizer,
+        MegatronLMDummyScheduler: engine.MegatronLMSchedulerWrapper(scheduler, wrapped_optimizer),
+    }
+    result = []
+    for obj in objects:
+        kind = next((k for k in replaced if isinstance(obj, k)), None)
+        if kind is not None:
+            result.append(replaced[kind])
+        elif isinstance(obj, (torch.utils.data.DataLoader, MegatronLMDummyDataLoader)):
+            result.append(prepare_data_loader(accelerator, obj))
+        else:
+            result.append(obj)
+    return result
