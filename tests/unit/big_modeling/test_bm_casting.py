@@ -125,3 +125,21 @@ def test_bad_inputs_raise_clear_errors() -> None:
         attach_layerwise_casting_hooks(Net(), torch.bfloat16, torch.float32, "blocks[")
     with pytest.raises(TypeError, match="skip_modules_pattern must be"):
         attach_layerwise_casting_hooks(Net(), torch.bfloat16, torch.float32, (1,))  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="measures CUDA memory (needs CUDA)")
+def test_cuda_memory_drops_to_the_storage_dtype_and_forward_runs_in_bf16() -> None:
+    torch.cuda.synchronize()
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(8)]).cuda().to(torch.bfloat16)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    attach_layerwise_casting_hooks(model, torch.float8_e4m3fn, torch.bfloat16)
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_allocated()
+    weights = 8 * 1024 * 1024
+    assert before - after >= weights  # 2 bytes -> 1 byte per weight element
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert model(x).dtype == torch.bfloat16
+    assert all(layer.weight.dtype == torch.float8_e4m3fn for layer in model)
