@@ -252,3 +252,29 @@ def test_save_and_load_fsdp_model_helpers(tmp_path: Path) -> None:
     assert run_distributed(_helpers, str(tmp_path), world_size=2, timeout=60) == [True, True]
     assert (tmp_path / "pytorch_model_fsdp_0" / ".metadata").is_file()
     assert (tmp_path / "optimizer_0" / ".metadata").is_file()
+
+
+def _efficient_loading() -> dict[str, Any]:
+    accelerator = _accelerator("fsdp2", cpu_ram_efficient_loading=True)
+    torch.manual_seed(0)
+    if accelerator.process_index == 0:
+        model = TinyTransformer()
+    else:  # other ranks never allocate the weights
+        with torch.device("meta"):
+            model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    on_meta = any(p.is_meta for p in model.parameters())
+    state = accelerator.get_state_dict(model)
+    train(accelerator, model, optimizer, 2)
+    return {"meta": on_meta, "state": {k: v.tolist() for k, v in state.items()}}
+
+
+@pytest.mark.timeout(120)
+def test_cpu_ram_efficient_loading_broadcasts_rank0_weights() -> None:
+    results = run_distributed(_efficient_loading, world_size=2, timeout=60)
+    assert not results[0]["meta"] and not results[1]["meta"]
+    torch.manual_seed(0)
+    expected = TinyTransformer().state_dict()
+    for key, value in expected.items():
+        assert torch.equal(torch.tensor(results[0]["state"][key]), value), key

@@ -1,0 +1,216 @@
+"""2-process FSDP2: hasten's step vs a hand-written ``fully_shard`` loop; sharded save/load vs raw DCP.
+
+Run under torchrun (the script relaunches itself that way when started plainly):
+``python benchmarks/bench_fsdp.py [--steps N] [--rounds R] [--width W] [--depth D]``. Both
+loops shard the same block model (each block its own group, then the root) in one gloo process
+group; rounds alternate them and rank 0 prints median/best time per step and the ratio. The
+checkpoint part times ``save_state``/``load_state`` (staging, manifest with block checksums,
+atomic publish, RNG and loader files included) against ``dcp.save``/``dcp.load`` of the same
+model and optimizer state dicts, and prints throughput ratios (>= 1.0: hasten is as fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+BATCH = 16
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Model(nn.Module):
+    _no_split_modules = ["Block"]
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def make_model(width: int, depth: int) -> Model:
+    torch.manual_seed(0)
+    return Model(width, depth)
+
+
+def raw_fsdp(width: int, depth: int) -> tuple[Callable[[list[Any]], None], Any, Any]:
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model(width, depth)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def run(batches: list[Any]) -> None:
+        for x, y in batches:
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    return run, model, opt
+
+
+def hasten_fsdp(
+    accelerator: Any, width: int, depth: int
+) -> tuple[Callable[[list[Any]], None], Any, Any]:
+    net = make_model(width, depth)
+    model, opt = accelerator.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-4))
+
+    def run(batches: list[Any]) -> None:
+        for x, y in batches:
+            loss = F.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+
+    return run, model, opt
+
+
+def _timed(rounds: int, loops: dict[str, Callable[[], None]]) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    names = list(loops)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            dist.barrier()
+            start = time.perf_counter()
+            loops[name]()
+            dist.barrier()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _report(title: str, times: dict[str, list[float]], base: str, unit: float, label: str) -> None:
+    if dist.get_rank() != 0:
+        return
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    best = {name: min(ts) for name, ts in times.items()}
+    print(title)
+    for name in times:
+        print(
+            f"  {name:<14} median {med[name] * unit:9.1f} {label} (ratio {med[name] / med[base]:.3f})"
+            f"   best {best[name] * unit:9.1f} {label} (ratio {best[name] / best[base]:.3f})"
+        )
+
+
+def _checkpoints(accelerator: Any, model: Any, opt: Any, rounds: int, root: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def raw_save() -> None:
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=root / "raw")
+
+    def raw_load() -> None:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=root / "raw")
+        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+
+    def hasten_save() -> None:
+        if dist.get_rank() == 0:
+            shutil.rmtree(root / "hasten", ignore_errors=True)
+        dist.barrier()
+        accelerator.save_state(str(root / "hasten"))
+
+    def hasten_load() -> None:
+        accelerator.load_state(str(root / "hasten"))
+
+    size = sum(p.numel() * p.element_size() for p in model.parameters()) * 3  # + Adam moments
+    saves = _timed(rounds, {"raw dcp.save": raw_save, "save_state": hasten_save})
+    _report(
+        f"sharded save ({size / 2**20:.0f} MiB model+optimizer)", saves, "raw dcp.save", 1e3, "ms"
+    )
+    loads = _timed(rounds, {"raw dcp.load": raw_load, "load_state": hasten_load})
+    _report("sharded load", loads, "raw dcp.load", 1e3, "ms")
+
+
+def worker(steps: int, rounds: int, width: int, depth: int) -> None:
+    torch.set_num_threads(1)
+    from hasten import Accelerator
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap"
+    )
+    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    hasten_run, model, opt = hasten_fsdp(accelerator, width, depth)
+    raw_run, _, _ = raw_fsdp(width, depth)
+    control_run, _, _ = raw_fsdp(width, depth)  # its ratio to "raw" is the noise floor
+    g = torch.Generator().manual_seed(dist.get_rank())
+    batches = [
+        (torch.randn(BATCH, width, generator=g), torch.randn(BATCH, width, generator=g))
+        for _ in range(steps)
+    ]
+    loops = {"hasten": hasten_run, "raw fully_shard": raw_run, "raw control": control_run}
+    for run in loops.values():
+        run(batches[:5])
+    times = _timed(rounds, {name: (lambda run=run: run(batches)) for name, run in loops.items()})
+    per_step = {name: [t / steps for t in ts] for name, ts in times.items()}
+    _report(
+        f"2-process FSDP2 step, {depth} blocks of width {width}, batch {BATCH}/process, gloo",
+        per_step,
+        "raw fully_shard",
+        1e6,
+        "us/step",
+    )
+    root = Path(tempfile.gettempdir()) / "hasten_bench_fsdp"
+    if dist.get_rank() == 0:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+    dist.barrier()
+    _checkpoints(accelerator, model, opt, rounds, root)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=4)
+    args = parser.parse_args()
+    if "LOCAL_RANK" not in os.environ:
+        torchrun = shutil.which("torchrun") or os.path.join(
+            os.path.dirname(sys.executable), "torchrun"
+        )
+        cmd = [torchrun, "--nproc_per_node", "2", "--standalone", __file__]
+        cmd += ["--steps", str(args.steps), "--rounds", str(args.rounds)]
+        cmd += ["--width", str(args.width), "--depth", str(args.depth)]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        raise SystemExit(subprocess.run(cmd, env=env, timeout=900, check=False).returncode)
+    worker(args.steps, args.rounds, args.width, args.depth)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
