@@ -259,9 +259,12 @@ def prepare_pippy(
                     f"example inputs), got {batch}: split the call, or prepare with larger "
                     "example inputs."
                 )
-            if state.is_main_process and batch is not None and batch < traced_batch:
-                call_args = pad_input_tensors(call_args, batch, traced_batch)
-                call_kwargs = pad_input_tensors(call_kwargs, batch, traced_batch)
+            if state.is_main_process:  # the first stage runs on this process's device
+                call_args = send_to_device(call_args, state.device)
+                call_kwargs = send_to_device(call_kwargs, state.device)
+                if batch is not None and batch < traced_batch:
+                    call_args = pad_input_tensors(call_args, batch, traced_batch)
+                    call_kwargs = pad_input_tensors(call_kwargs, batch, traced_batch)
         return pippy_forward(step, num_chunks, bool(gather_output), *call_args, **call_kwargs)
 
     forward.__wrapped__ = original_forward  # type: ignore[attr-defined]
