@@ -62,7 +62,7 @@ from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
 from hasten.strategies import DDPStrategy, Strategy, select_strategy
 from hasten.tracking.manager import TrackerManager
-from hasten.training import metrics, profiling
+from hasten.training import context_parallel, metrics, profiling
 from hasten.training.accumulation import GradientAccumulator
 from hasten.training.compile import compile_model
 from hasten.training.lomo import is_lomo_optimizer, lomo_backward
@@ -492,6 +492,22 @@ class Accelerator:
     def context_parallel_rank(self) -> int:
         """This process's index within its context-parallel group."""
         return self._mesh_rank("cp", "Context")
+
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[None]:
+        """Shard ``buffers`` along ``buffer_seq_dims`` over the ``cp`` mesh for the block
+        (context parallelism, CUDA only); without ``cp_size > 1`` it does nothing."""
+        return context_parallel.maybe_context_parallel(
+            self.parallelism_config,
+            self.torch_device_mesh,
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
+        )
 
     @property
     def pipeline_parallel_rank(self) -> int:

@@ -174,8 +174,7 @@ class AcceleratorState(SharedState):
             megatron_lm_plugin=plugins["megatron_lm_plugin"],
             context_parallel=self._context_parallel,
         )
-        self._attach_engine_plugins(mixed_precision)
-        partial.distributed_type = self.engine.distributed_type
+        # Before the engine plugins are attached: a layout the engine cannot run fails first.
         self.device_mesh = build_device_mesh(
             self.parallelism_config,
             num_processes=partial.num_processes,
@@ -184,6 +183,8 @@ class AcceleratorState(SharedState):
             is_fsdp2=self.is_fsdp2,
             deepspeed="deepspeed" in self.engine.requested,
         )
+        self._attach_engine_plugins(mixed_precision)
+        partial.distributed_type = self.engine.distributed_type
         self._enable_tf32_for_dynamo()
 
     @property

@@ -116,11 +116,18 @@ def build_device_mesh(
     """Check ``config`` against the job and build its mesh (None without a config).
 
     Raises:
-        ValueError: the sizes do not multiply to the number of processes, or the engine
-            (DDP, FSDP2, DeepSpeed) cannot honour a dimension.
+        ValueError: context parallelism on the CPU, sizes that do not multiply to the number
+            of processes, or a dimension the engine (DDP, FSDP2, DeepSpeed) cannot honour.
     """
     if config is None:
         return None
+    if config.cp_enabled and device_type == "cpu":
+        raise ValueError(
+            f"ParallelismConfig(cp_size={config.cp_size}): context parallelism needs a GPU; "
+            "torch's context_parallel has no sharding strategy for the CPU attention kernels. "
+            "Run on CUDA devices, or set cp_size=1."
+        )
+    _check_engine(config, is_fsdp2=is_fsdp2, deepspeed=deepspeed)
     if config.total_size != 1 and config.total_size != num_processes and not config.sp_enabled:
         sizes = " x ".join(
             f"{dim}_size={getattr(config, f'{dim}_size')}"
@@ -131,7 +138,6 @@ def build_device_mesh(
             f"{num_processes} process(es); make the product equal the number of processes "
             f"(e.g. launch with --num_processes {config.total_size})"
         )
-    _check_engine(config, is_fsdp2=is_fsdp2, deepspeed=deepspeed)
     for warning in config.validate_for(
         num_processes, multi_device=multi_device, is_fsdp2=is_fsdp2, is_deepspeed=deepspeed
     ):
