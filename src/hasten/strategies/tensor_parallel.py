@@ -225,6 +225,8 @@ class TensorParallelStrategy(Strategy):
     """
 
     name = "tensor_parallel"
+    #: save_state writes DCP shards: every process its part of each DTensor.
+    checkpoint_layout = "sharded"
 
     def __init__(self, mesh: DeviceMesh) -> None:
         from hasten.state.mesh import submesh
@@ -273,7 +275,9 @@ class TensorParallelStrategy(Strategy):
     @override
     def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:
         """``full``: every shard gathered into plain tensors (on every process); else DTensors."""
-        state = self.unwrap(model, keep_torch_compile=False).state_dict()
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        state = get_model_state_dict(self._module(model))
         return full_tensors(state) if full else state
 
     @override
@@ -286,18 +290,50 @@ class TensorParallelStrategy(Strategy):
         strict: bool = True,
     ) -> None:
         """Load plain tensors (``full``, every process) or DTensors into the sharded model."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        options = _options(full, strict=strict)
+        set_model_state_dict(self._module(model), state_dict, options=options)
+
+    @override
+    def optimizer_state_dict(
+        self, model: nn.Module, optimizer: Any, *, full: bool = True
+    ) -> dict[str, Any]:
+        """The optimizer's state keyed by parameter name (DTensors unless ``full``)."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(
+            self._module(model), _inner(optimizer), options=_options(full)
         )
 
-        module = self.unwrap(model, keep_torch_compile=False)
-        options = StateDictOptions(full_state_dict=full, strict=strict)
-        set_model_state_dict(module, state_dict, options=options)
+    @override
+    def load_optimizer_state_dict(
+        self, model: nn.Module, optimizer: Any, state_dict: dict[str, Any], *, full: bool = True
+    ) -> None:
+        """Load what `optimizer_state_dict` returned."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(
+            self._module(model), _inner(optimizer), state_dict, options=_options(full)
+        )
+
+    def _module(self, model: nn.Module) -> nn.Module:
+        return self.unwrap(model, keep_torch_compile=False)
 
     @override
     def __repr__(self) -> str:
         return f"TensorParallelStrategy(tp_size={self.tp_size})"
+
+
+def _options(full: bool, strict: bool = True) -> Any:
+    """Full state dicts on every process (plain tensors), else this process's DTensor shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, strict=strict)
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def full_tensors(state: dict[str, Any]) -> dict[str, Any]:
