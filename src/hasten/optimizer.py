@@ -178,11 +178,6 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Put the optimizer in eval mode (schedule-free optimizers; a no-op otherwise)."""
         _call_mode(self.optimizer, "eval")
 
-    def _switch_parameters(self, parameters_map: dict[Any, Any]) -> None:
-        """Point the parameter groups at new parameter objects (after a model is rewrapped)."""
-        for group in self.optimizer.param_groups:
-            group["params"] = [parameters_map.get(p, p) for p in group["params"]]
-
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in _TRANSIENT}
 

@@ -37,7 +37,6 @@ __all__ = [
     "PendingSave",
     "SavePlan",
     "Snapshot",
-    "host_copy",
     "model_jobs",
     "pickle_job",
     "prepare_staging",
@@ -48,14 +47,6 @@ __all__ = [
 _RECORDS = ".records_{rank}.json"
 # How long the main process waits for the other ranks' record files before giving up.
 _PEER_TIMEOUT_S = 600.0
-
-
-def host_copy(obj: Any) -> Any:
-    """A copy of ``obj`` whose tensors live in host memory, detached from training."""
-    buffers = HostBuffers()
-    copied = buffers.copy(obj)
-    buffers.finish()
-    return copied
 
 
 class HostBuffers:

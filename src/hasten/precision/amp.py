@@ -134,12 +134,6 @@ class AmpPrecision(Precision):
         setattr(model, "forward", AutocastForward(forward, **self._autocast))  # noqa: B010
         return model
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss``, scaled first when a grad scaler is in use."""
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
-
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the gradients of ``optimizer`` by the current loss scale (fp16 only)."""
         if self.scaler is not None:

@@ -53,10 +53,6 @@ class Precision:
         (MS-AMP casts a model and its optimizer at once); here: unchanged."""
         return objects
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss``."""
-        loss.backward(**kwargs)
-
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the gradients of ``optimizer`` by the loss scale (here: nothing to undo)."""
 

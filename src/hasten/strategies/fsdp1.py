@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from hasten.precision import Precision
+from hasten.precision import Precision, select_precision
 from hasten.strategies.base import ModulePreparer
 from hasten.strategies.fsdp2 import ignored_modules
 from hasten.strategies.sharded import ShardedStrategy
@@ -36,6 +36,26 @@ class FSDP1Strategy(ShardedStrategy):
         # FULL_STATE_DICT with offload_to_cpu=True segfaults when FSDP1 computes on the CPU.
         self.full_offload = device.type != "cpu"
         self._prepared_roots: list[Any] = []  # FSDP roots, for clip_grad_norm_
+
+    @override
+    def select_precision(
+        self,
+        mixed_precision: Any,
+        device: torch.device,
+        autocast_kwargs: Any,
+        scaler_kwargs: Any,
+        *,
+        fp8_recipe: Any = None,
+    ) -> Precision:
+        # fp16 with flat sharded gradients needs torch's ShardedGradScaler.
+        return select_precision(
+            mixed_precision,
+            device,
+            autocast_kwargs=autocast_kwargs,
+            scaler_kwargs=scaler_kwargs,
+            distributed_type="FSDP",
+            fp8_recipe=fp8_recipe,
+        )
 
     @override
     def check_usable(self) -> None:

@@ -112,3 +112,13 @@ def test_ignored_modules_by_regex() -> None:
         ignored_modules(
             FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules="nope"), model
         )
+
+
+def test_fp16_scalers() -> None:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    v1 = FSDP1Strategy(FullyShardedDataParallelPlugin(fsdp_version=1), CPU)
+    assert isinstance(v1.select_precision("fp16", CPU, None, None).scaler, ShardedGradScaler)
+    v2 = FSDP2Strategy(FullyShardedDataParallelPlugin(fsdp_version=2), CPU)
+    scaler = v2.select_precision("fp16", CPU, None, None).scaler
+    assert type(scaler) is torch.amp.GradScaler  # DTensor gradients: torch's plain scaler
