@@ -222,7 +222,7 @@ def test_kill_9_during_a_sharded_save_leaves_nothing_loadable(tmp_path: Path) ->
 
 
 def _helpers(folder: str) -> bool:
-    from hasten.training.fsdp_utils import (
+    from hasten.checkpointing.fsdp_utils import (
         load_fsdp_model,
         load_fsdp_optimizer,
         save_fsdp_model,

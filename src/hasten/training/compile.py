@@ -20,6 +20,7 @@ __all__ = [
     "CompileSettings",
     "compile_model",
     "compile_regions",
+    "compile_regions_fsdp2",
     "has_compiled_regions",
     "has_repeated_blocks",
     "is_repeated_blocks",
@@ -127,3 +128,8 @@ def compile_model(model: nn.Module, plugin: CompileSettings | None) -> nn.Module
     if plugin.use_regional_compilation:
         return compile_regions(model, **kwargs)
     return torch.compile(model, **kwargs)  # type: ignore[return-value]
+
+
+def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Compile ``module``'s repeated blocks in place (names unchanged), before ``fully_shard``."""
+    return compile_regions(module, **compile_kwargs)

@@ -236,13 +236,13 @@ _TABLE: dict[str, list[str]] = {
     ],
     "hasten.training.compile": [
         "compile_regions",
+        "compile_regions_fsdp2",
         "has_compiled_regions",
         "has_repeated_blocks",
         "is_repeated_blocks",
     ],
     "hasten.checkpointing.io": ["load", "save"],
-    "hasten.training.fsdp_utils": [
-        "compile_regions_fsdp2",
+    "hasten.checkpointing.fsdp_utils": [
         "disable_fsdp_ram_efficient_loading",
         "enable_fsdp_ram_efficient_loading",
         "fsdp2_apply_ac",
@@ -340,23 +340,6 @@ _PENDING: dict[str, list[str]] = {
         "compile_regions_deepspeed",
         "deepspeed",
         "prepare_deepspeed_cmd_env",
-    ],
-    "the FSDP engine": [
-        "compile_regions_fsdp2",
-        "disable_fsdp_ram_efficient_loading",
-        "enable_fsdp_ram_efficient_loading",
-        "fsdp2_apply_ac",
-        "fsdp2_canonicalize_names",
-        "fsdp2_load_full_state_dict",
-        "fsdp2_prepare_model",
-        "fsdp2_switch_optimizer_parameters",
-        "fsdp_utils",
-        "get_fsdp2_grad_scaler",
-        "load_fsdp_model",
-        "load_fsdp_optimizer",
-        "merge_fsdp_weights",
-        "save_fsdp_model",
-        "save_fsdp_optimizer",
     ],
 }
 

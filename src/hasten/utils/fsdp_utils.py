@@ -1,6 +1,6 @@
-"""Compatibility path for ``accelerate.utils.fsdp_utils``; the helpers live in `hasten.training.fsdp_utils`."""
+"""Compatibility path for ``accelerate.utils.fsdp_utils``; the helpers live in `hasten.checkpointing.fsdp_utils`."""
 
-from hasten.training.fsdp_utils import (
+from hasten.checkpointing.fsdp_utils import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,

@@ -48,12 +48,10 @@ from hasten.strategies.unwrap import (
 )
 from hasten.training.compile import (
     compile_regions,
+    compile_regions_fsdp2,
     has_compiled_regions,
     has_repeated_blocks,
     is_repeated_blocks,
-)
-from hasten.training.fsdp_utils import (
-    compile_regions_fsdp2,
 )
 
 __all__ = [

@@ -7,9 +7,7 @@ import torch
 from torch import nn
 
 from _support.fsdp_models import TinyTransformer
-from hasten.config import envvars
-from hasten.config.fsdp import FullyShardedDataParallelPlugin
-from hasten.training.fsdp_utils import (
+from hasten.checkpointing.fsdp_utils import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,
@@ -18,6 +16,8 @@ from hasten.training.fsdp_utils import (
     fsdp2_switch_optimizer_parameters,
     get_parameters_from_modules,
 )
+from hasten.config import envvars
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 
 def test_ram_efficient_loading_switches() -> None:

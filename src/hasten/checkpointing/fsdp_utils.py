@@ -32,10 +32,8 @@ from hasten.strategies.fsdp2 import (
 )
 from hasten.strategies.rebind import canonical_name
 from hasten.strategies.sharded import ShardedStrategy, state_dict_options
-from hasten.training.compile import compile_regions
 
 __all__ = [
-    "compile_regions_fsdp2",
     "disable_fsdp_ram_efficient_loading",
     "enable_fsdp_ram_efficient_loading",
     "ensure_weights_retied",
@@ -308,8 +306,3 @@ def ensure_weights_retied(param_init_fn: Any, model: nn.Module, device: torch.de
         return result
 
     return init_and_retie
-
-
-def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
-    """Compile ``module``'s repeated blocks in place (names unchanged), before ``fully_shard``."""
-    return compile_regions(module, **compile_kwargs)
