@@ -152,3 +152,48 @@ def test_tensor_parallel_checkpoint_resumes_on_the_same_and_another_mesh(tmp_pat
     reset_state()
     single = _resume(1, folder, False)  # tp 2 -> one process without tensor parallelism
     assert single["loss"] == pytest.approx(saved[0]["loss"], rel=1e-5)
+
+
+def _pre_sharded(tp_matches: bool) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from hasten import Accelerator
+    from hasten.config.parallelism import ParallelismConfig
+    from hasten.utils import get_model_tp_size, model_has_dtensor
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    plain_size = get_model_tp_size(model)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    if not tp_matches:  # transformers records the degree it sharded with in `_tp_size`
+        model._tp_size = 4  # type: ignore[assignment]
+    parallelize_module(model, mesh, {"blocks.0.up": ColwiseParallel()})  # sharded by the user
+    before = model.blocks[0].up.weight
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
+    try:
+        prepared = accelerator.prepare(model)
+    except ValueError as error:
+        return {"error": str(error)}
+    return {
+        "plain_size": plain_size,
+        "has_dtensor": model_has_dtensor(prepared),
+        "size": get_model_tp_size(prepared),
+        "unchanged": prepared.blocks[0].up.weight is before,
+        "down_plain": not model_has_dtensor(prepared.blocks[0].down),
+    }
+
+
+@pytest.mark.timeout(120)
+def test_pre_sharded_models_are_accepted_unchanged() -> None:
+    for result in run_distributed(_pre_sharded, True, world_size=2, timeout=90):
+        assert result == {
+            "plain_size": None,
+            "has_dtensor": True,
+            "size": 2,
+            "unchanged": True,
+            "down_plain": True,  # the user's plan is kept; hasten adds nothing
+        }
+    for result in run_distributed(_pre_sharded, False, world_size=2, timeout=90):
+        assert "already sharded with tensor-parallel degree 4" in result["error"]
+        assert "tp_size=2" in result["error"]
