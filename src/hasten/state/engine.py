@@ -9,6 +9,10 @@ other module re-reads those variables or compares labels by string.
 Unlike Accelerate, FSDP also shards over CPU processes (gloo): a multi-process CPU run with an
 FSDP plugin is an FSDP run, not silently plain DDP. A single process keeps Accelerate's
 behaviour (nothing to shard, the plugin is not used).
+
+A Megatron-LM plugin, when given, makes Megatron-LM the engine on any run (its strategy refuses
+at prepare() where megatron-core cannot run, e.g. without CUDA); with FSDP or DeepSpeed it is
+an error.
 """
 
 from __future__ import annotations
