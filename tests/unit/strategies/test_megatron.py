@@ -336,3 +336,134 @@ def test_micro_batches_and_their_losses() -> None:
 def test_loss_averaging_on_one_process() -> None:
     averaged = avg_losses_across_data_parallel_group([torch.tensor(2.0), torch.tensor(4.0)])
     assert averaged.tolist() == [2.0, 4.0]
+
+
+# ---------------------------------------------------------------- the prepare flow, engine faked
+
+
+class FakeMegatronOptimizer:
+    """What megatron-core's optimizer answers: step() -> (success, grad norm, zeros)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.zeroed = 0
+        self.state: dict = {}
+        self.param_groups: list = []
+
+    def step(self) -> tuple[bool, float, int]:
+        self.steps += 1
+        return True, 1.0, 0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.zeroed += 1
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+
+class FakeScheduler:
+    def __init__(self) -> None:
+        self.increments: list[int] = []
+
+    def step(self, increment: int) -> None:
+        self.increments.append(increment)
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+class Chunk(nn.Linear):
+    def zero_grad_buffer(self) -> None:
+        self.zeroed = True
+
+
+@pytest.fixture
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """megatron-core replaced at its seam: initialise, build, and the pipeline schedule."""
+    from hasten.strategies.megatron import engine
+
+    made: dict = {}
+
+    def initialize(accelerator, extra_args_provider=None, args_defaults=None):  # type: ignore[no-untyped-def]
+        plugin = accelerator.state.megatron_lm_plugin
+        args = margs.megatron_args(plugin, accelerator.num_processes, accelerator.mixed_precision)
+        monkeypatch.setitem(engine._STATE, "args", args)
+        made["args"] = args
+        return args
+
+    def build(accelerator):  # type: ignore[no-untyped-def]
+        made.update(optimizer=FakeMegatronOptimizer(), scheduler=FakeScheduler())
+        return [Chunk(2, 2)], made["optimizer"], made["scheduler"]
+
+    def run(self, batch, forward_only):  # type: ignore[no-untyped-def]
+        made.setdefault("batches", []).append((batch["input_ids"].shape, forward_only))
+        return [{"lm loss": torch.tensor(2.0)}, {"lm loss": torch.tensor(4.0)}]
+
+    monkeypatch.setattr(MegatronStrategy, "check_usable", lambda self: None)
+    monkeypatch.setattr(engine, "initialize", initialize)
+    monkeypatch.setattr(engine, "prepare_model_optimizer_scheduler", build)
+    monkeypatch.setattr(engine.MegatronEngine, "_run", run)
+    return made
+
+
+def token_loader(batch_size: int, n: int = 16) -> DataLoader:
+    rows = [{"input_ids": torch.arange(8) + i} for i in range(n)]
+    return DataLoader(rows, batch_size=batch_size)
+
+
+def test_prepare_builds_the_engine_and_the_step_runs_inside_the_model(fake_engine: dict) -> None:
+    from hasten.strategies.megatron.engine import (
+        MegatronEngine,
+        MegatronLMOptimizerWrapper,
+        MegatronLMSchedulerWrapper,
+    )
+
+    plugin = MegatronLMPlugin(num_micro_batches=2)
+    accelerator = Accelerator(cpu=True, megatron_lm_plugin=plugin)
+    assert isinstance(accelerator.strategy, MegatronStrategy)
+    model = TinyGPT2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=10, warmup_num_steps=1)
+    model, optimizer, train, evaluation, scheduler = accelerator.prepare(
+        model, optimizer, token_loader(2), token_loader(4), scheduler
+    )
+    assert isinstance(model, MegatronEngine)
+    assert isinstance(optimizer, MegatronLMOptimizerWrapper)
+    assert isinstance(scheduler, MegatronLMSchedulerWrapper)
+    args = fake_engine["args"]
+    assert (args.micro_batch_size, args.num_micro_batches, args.global_batch_size) == (2, 2, 4)
+    assert (args.num_layers, args.seq_length, args.train_iters) == (2, 8, 10)
+    assert plugin.global_batch_size == 4
+    # one batch = one global step (micro x num_micro samples) for this single data-parallel rank
+    assert [len(b["input_ids"]) for b in train] == [4, 4, 4, 4]
+    model.train()
+    batch = next(iter(train))
+    loss = model(**batch).loss  # transformers' output type, as for the HF model
+    assert loss.item() == pytest.approx(3.0)  # micro-batch losses averaged
+    accelerator.backward(loss)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    megatron_optimizer = fake_engine["optimizer"]
+    assert megatron_optimizer.steps == 1  # only the engine stepped, once
+    assert fake_engine["scheduler"].increments == [4]
+    assert not optimizer.step_was_skipped
+    model.eval()
+    model(**batch)
+    assert fake_engine["batches"][-1] == (torch.Size([4, 8]), True)
+    assert megatron_optimizer.steps == 1
+    assert accelerator._models == [model]
+
+
+def test_a_second_model_is_refused(fake_engine: dict) -> None:
+    accelerator = Accelerator(cpu=True, megatron_lm_plugin=MegatronLMPlugin())
+    with pytest.raises(ValueError, match="one model per Accelerator"):
+        accelerator.prepare(TinyGPT2(), TinyGPT2(), token_loader(2))
+
+
+def test_split_models_cannot_be_saved_whole() -> None:
+    strategy = MegatronStrategy(MegatronLMPlugin(tp_degree=2), world_size=4)
+    with pytest.raises(NotImplementedError, match=r"split over 2 processes"):
+        strategy.model_state_dict(nn.Linear(2, 2))
+    whole = MegatronStrategy(MegatronLMPlugin(), world_size=4)
+    assert set(whole.model_state_dict(nn.Linear(2, 2))) == {"weight", "bias"}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hasten.core.imports import require
+from hasten.core.imports import is_package_available, require
 from hasten.core.network import get_free_port
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.scheduler import AcceleratedScheduler
@@ -60,7 +60,7 @@ def _mcore() -> Any:
 
 
 def _initialized() -> bool:
-    if _STATE["args"] is None:
+    if _STATE["args"] is None or not is_package_available("megatron"):
         return False
     from megatron.core import parallel_state  # optional: megatron-core (imported by initialize)
 
@@ -427,10 +427,9 @@ class MegatronEngine(nn.Module):
             self.iteration += 1
         else:
             loss_dict = self.eval_step(**batch_data)
-        loss = torch.zeros((), device=torch.cuda.current_device())
-        for value in loss_dict.values():
-            if value.dim() == 0:
-                loss = loss + value
+        scalars = [value.reshape(()) for value in loss_dict.values() if value.numel() == 1]
+        # Only the last pipeline stage computes losses; the others report zero.
+        loss = torch.stack(scalars).sum() if scalars else torch.zeros(())
         logits = loss_dict.get("logits")
         output_class = self.train_step_handler.model_output_class
         return output_class(loss=loss, logits=logits) if output_class is not None else loss

@@ -111,6 +111,34 @@ class MegatronStrategy(Strategy):
         self.check_usable()
         return prepare_call(accelerator, self.plugin, self.sizes, objects)
 
+    def _check_unsharded(self, what: str) -> None:
+        split = self.world_size // self.sizes["data_parallel_size"]
+        if split > 1:
+            raise NotImplementedError(
+                f"{what} of a Megatron-LM model split over {split} processes (tp x pp x cp) is "
+                "not wired into hasten: each process holds only its shard. With tp_degree = "
+                "pp_degree = context_parallel_size = 1 it works."
+            )
+
+    @override
+    def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:
+        """The engine's weights (all of them: refused when the model is split)."""
+        self._check_unsharded("Saving the state dict")
+        return super().model_state_dict(model, full=full)
+
+    @override
+    def load_model_state_dict(
+        self,
+        model: nn.Module,
+        state_dict: dict[str, Any],
+        *,
+        full: bool = True,
+        strict: bool = True,
+    ) -> None:
+        """Load what `model_state_dict` returned (refused when the model is split)."""
+        self._check_unsharded("Loading the state dict")
+        super().load_model_state_dict(model, state_dict, full=full, strict=strict)
+
     @override
     def __repr__(self) -> str:
         return f"MegatronStrategy({self.sizes})"
