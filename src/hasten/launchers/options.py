@@ -3,8 +3,8 @@
 Each row names the ``hasten launch`` flag, its type, choices and help, the config-file key
 (inside its section, e.g. ``fsdp_config``) and the worker variable the plugin reads. The launch
 parser, the flags -> worker-variable step and the config-file -> worker-variable step are all
-generated from these rows, so a new setting is one new row (FSDP and ParallelismConfig rows
-here; DeepSpeed rows go in the same table).
+generated from these rows, so a new setting is one new row (FSDP, ParallelismConfig and
+Megatron-LM rows here; DeepSpeed rows go in the same table).
 """
 
 from __future__ import annotations
@@ -60,10 +60,12 @@ class LaunchOption:
 ENGINE_SWITCHES = {
     "--use_fsdp": "ACCELERATE_USE_FSDP",
     "--use_parallelism_config": "ACCELERATE_USE_PARALLELISM_CONFIG",
+    "--use_megatron_lm": "ACCELERATE_USE_MEGATRON_LM",
 }
 _SWITCH_HELP = {
     "--use_fsdp": "Shard with FSDP.",
     "--use_parallelism_config": "Lay the processes out on a ParallelismConfig device mesh.",
+    "--use_megatron_lm": "Train with Megatron-LM (megatron-core; CUDA GPUs).",
 }
 # Section -> (argument group title, variable prefix its rows imply, the switch they imply).
 _GROUPS = {
@@ -72,10 +74,15 @@ _GROUPS = {
         "N-D parallelism (parallelism_config in config files; PARALLELISM_CONFIG_* variables)",
         "PARALLELISM_CONFIG_",
     ),
+    "megatron_lm_config": (
+        "Megatron-LM (megatron_lm_config in config files; MEGATRON_LM_* variables)",
+        "MEGATRON_LM_",
+    ),
 }
 _IMPLIED = {
     "FSDP_": "ACCELERATE_USE_FSDP",
     "PARALLELISM_CONFIG_": "ACCELERATE_USE_PARALLELISM_CONFIG",
+    "MEGATRON_LM_": "ACCELERATE_USE_MEGATRON_LM",
 }
 
 
@@ -85,6 +92,16 @@ def _parallelism(name: str, help_text: str, **kwargs: Any) -> LaunchOption:
         f"PARALLELISM_CONFIG_{name.upper()}",
         help_text,
         section="parallelism_config",
+        **kwargs,
+    )
+
+
+def _megatron(name: str, help_text: str, **kwargs: Any) -> LaunchOption:
+    return LaunchOption(
+        f"--megatron_lm_{name}",
+        f"MEGATRON_LM_{name.upper()}",
+        help_text,
+        section="megatron_lm_config",
         **kwargs,
     )
 
@@ -188,6 +205,13 @@ LAUNCH_OPTIONS: tuple[LaunchOption, ...] = (
         "sp_seq_length_is_variable", "Sequence length varies between batches.", type=_bool
     ),
     _parallelism("sp_attn_implementation", "Attention kernel for sequence parallelism."),
+    _megatron("tp_degree", "Megatron-LM tensor-parallel degree.", type=int),
+    _megatron("pp_degree", "Megatron-LM pipeline-parallel degree.", type=int),
+    _megatron("num_micro_batches", "Micro-batches per pipeline step.", type=int),
+    _megatron("sequence_parallelism", "Sequence parallelism (with tp > 1).", type=_bool),
+    _megatron("recompute_activations", "Selective activation recomputation.", type=_bool),
+    _megatron("use_distributed_optimizer", "Shard optimizer states over dp ranks.", type=_bool),
+    _megatron("gradient_clipping", "Global gradient-norm clipping (0 disables).", type=float),
 )
 
 

@@ -237,3 +237,25 @@ def test_bad_fp8_backend_flag_is_rejected(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         _parse("--fp8_backend", "fast", "t.py")
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_megatron_flags_imply_megatron(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(launch, "run", lambda plan, env, replace_process=True: seen.update(env=env))
+    args = _parse(
+        "--cpu", "--megatron_lm_tp_degree", "2", "--megatron_lm_recompute_activations", "yes",
+        "--megatron_lm_gradient_clipping", "0.5", "t.py",
+    )  # fmt: skip
+    launch.run_launch(args, replace_process=False)
+    env = seen["env"]
+    assert env["ACCELERATE_USE_MEGATRON_LM"] == "true"
+    assert env["MEGATRON_LM_TP_DEGREE"] == "2"
+    assert env["MEGATRON_LM_RECOMPUTE_ACTIVATIONS"] == "true"
+    assert env["MEGATRON_LM_GRADIENT_CLIPPING"] == "0.5"
+    assert _parse("--use_megatron_lm", "t.py").use_megatron_lm is True
+
+
+def test_megatron_flag_values_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--megatron_lm_tp_degree", "two", "t.py")
+    assert "invalid int value: 'two'" in capsys.readouterr().err
