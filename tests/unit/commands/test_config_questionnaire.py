@@ -166,3 +166,11 @@ def test_tpu_pod_questions(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert tpu.remote_command(tpu._fill_from_config(args) or args) == (
         "cd /usr/share; pip install x; echo ok"
     )
+
+
+def test_fp8_asks_for_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    # machine type, cpu only, torch.compile, processes, precision, fp8 backend
+    _answers(monkeypatch, "0", "yes", "no", "", "fp8", "TE")
+    config = get_cluster_input()
+    assert config.mixed_precision == "fp8"
+    assert config.fp8_config == {"backend": "TE"}

@@ -258,6 +258,10 @@ def get_cluster_input() -> ClusterConfig:
         config["gpu_ids"] = ask("Which device ids should be used (comma-separated)?", str, "all")
     precisions = PrecisionType.list()
     config["mixed_precision"] = precisions[ask_choice("Mixed precision?", precisions)]
+    if config["mixed_precision"] == "fp8":
+        backends = ["AO", "TE", "MSAMP"]
+        label = "Which fp8 backend (AO: torchao, TE: TransformerEngine, MSAMP: MS-AMP)?"
+        config["fp8_config"] = {"backend": backends[ask_choice(label, backends)]}
     return ClusterConfig(
         compute_environment=config.pop("compute_environment"),
         distributed_type=config.pop("distributed_type"),
