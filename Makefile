@@ -33,7 +33,15 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(BIN)/lint-imports
 
-pytest: $(STAMP)
+# DeepSpeed JIT-builds its shared-memory comm op once (~80 s); build it into the venv (where
+# tests/conftest.py points TORCH_EXTENSIONS_DIR) before the DeepSpeed tests need it.
+DS_OPS := $(VENV)/.deepspeed-ops-built
+$(DS_OPS): $(STAMP)
+	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(BIN)/python -c \
+		"from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+	@touch $(DS_OPS)
+
+pytest: $(STAMP) $(DS_OPS)
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck layers pytest

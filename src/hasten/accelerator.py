@@ -61,6 +61,7 @@ from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
 from hasten.strategies import DDPStrategy, Strategy, select_strategy
+from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from hasten.tracking.manager import TrackerManager
 from hasten.training import context_parallel, metrics, profiling
 from hasten.training.accumulation import GradientAccumulator
@@ -205,11 +206,12 @@ def _kind(obj: Any) -> str:
     """What prepare() does with ``obj``: "model", "optimizer", "scheduler", "data_loader", "other"."""
     if isinstance(obj, nn.Module):
         return "model"
-    if isinstance(obj, torch.optim.Optimizer):
+    # DummyOptim / DummyScheduler stand for a DeepSpeed config's optimizer / scheduler
+    if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
         return "optimizer"
     if isinstance(obj, torch.utils.data.DataLoader):
         return "data_loader"
-    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+    if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler)):
         return "scheduler"
     return "other"
 
@@ -310,10 +312,11 @@ class Accelerator:
             torch_tp_plugin.torch_device_mesh = self.torch_device_mesh
         # Collectives of metrics over the data-parallel replicas (None: every process).
         self._dp_comm = data_parallel_comm(self.torch_device_mesh)
+        explicit_steps = gradient_accumulation_plugin is not None or accumulation.num_steps != 1
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
-        self._setup_backends()
+        self._setup_backends(explicit_steps)
         self._trackers = TrackerManager(log_with, self.logging_dir, self.is_main_process)
         self.log_with = self._trackers.log_with
         self.step = 0
@@ -328,7 +331,7 @@ class Accelerator:
         # With automatic checkpoint naming, SIGTERM/SIGUSR1 checkpoint and exit with code 75.
         self._checkpoints.watch_preemption(self.save_state)
 
-    def _setup_backends(self) -> None:
+    def _setup_backends(self, explicit_steps: bool = False) -> None:
         """Pick strategy and precision once; everything per step dispatches through them."""
         self.strategy: Strategy = select_strategy(
             self.state.engine,
@@ -344,6 +347,10 @@ class Accelerator:
             self.scaler_handler,
             fp8_recipe=self._fp8_recipe,
         )
+        steps = self.gradient_state.num_steps
+        agreed = self.strategy.accumulation_steps(steps, explicit_steps)
+        if agreed != steps:  # e.g. a DeepSpeed config's explicit gradient_accumulation_steps
+            self.gradient_state.plugin_kwargs.update({"num_steps": agreed})
         self.scaler = self.precision.scaler
         self.native_amp = self.precision.native_amp
         self._accumulator = GradientAccumulator(self.gradient_state, self.strategy)
@@ -654,6 +661,7 @@ class Accelerator:
             schedulers,
             lambda model: self.prepare_model(model, device_placement=next(model_places)),
             earlier_optimizers=[opt.optimizer for opt in self._optimizers],
+            batch_sizes=self._batch_sizes([o for o, k in zip(args, kinds) if k == "data_loader"]),
         )
         replaced = {
             "model": iter(new_models),
@@ -685,6 +693,16 @@ class Accelerator:
             elif isinstance(obj, torch.utils.data.DataLoader):
                 self._dataloaders.append(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _batch_sizes(self, loaders: list[Any]) -> list[int]:
+        """Per-process batch sizes of ``loaders`` (or of the loaders prepared before)."""
+        sizes = [d.batch_size for d in loaders or self._dataloaders if d.batch_size is not None]
+        return [s // self.num_processes for s in sizes] if self.split_batches else sizes
+
+    @property
+    def deepspeed_engine_wrapped(self) -> Any:
+        """The engine wrapper `backward` drives under DeepSpeed (None otherwise)."""
+        return getattr(self.strategy, "_trainer", None)
 
     def _mark(self, prepared: Any) -> None:
         # Accelerate's marker, which other libraries test to avoid preparing twice.
@@ -759,7 +777,7 @@ class Accelerator:
         """
         self._prepared.claim(optimizer, "optimizer")
         place = self.device_placement if device_placement is None else device_placement
-        if place:
+        if place and not self.strategy.owns_optimizer_step:
             check_optimizer_device(optimizer, self.device)
         wrapped = self.strategy.wrap_optimizer(
             optimizer, device_placement=place, scaler=self.scaler
@@ -816,7 +834,7 @@ class Accelerator:
         optimizers: Any = next(
             (opt for opt in self._optimizers if opt.optimizer is owner), self._optimizers
         )
-        wrapped = AcceleratedScheduler(
+        wrapped = self.strategy.wrap_scheduler(
             scheduler,
             optimizers,
             step_with_optimizer=self.step_scheduler_with_optimizer,
@@ -1133,6 +1151,19 @@ class Accelerator:
         return self._checkpoints.register_load_state_pre_hook(hook)
 
     def _checkpoint_contents(self, for_save: bool) -> CheckpointContents:
+        if self.strategy.checkpoint_layout == "engine":  # DeepSpeed writes its parts itself
+            if for_save and not self.sync_gradients:
+                raise RuntimeError(
+                    "save_state() was called in the middle of a DeepSpeed accumulation cycle; "
+                    "DeepSpeed does not checkpoint partly accumulated gradients. Save when "
+                    "accelerator.sync_gradients is True (after the optimizer step)."
+                )
+            return CheckpointContents(
+                prepared_models=list(self._models),
+                engine=self.strategy,
+                dataloaders=list(self._dataloaders),
+                custom_objects=list(self._custom_objects),
+            )
         models = [self.unwrap_model(m) for m in self._models]
         strategy = self.strategy
         states: list[dict[str, Any]] = []

@@ -28,6 +28,7 @@ from typing import Any, cast
 import torch
 
 from hasten.checkpointing import layout
+from hasten.checkpointing.engine import EngineCheckpoint, engine_file_names, verify_existing
 from hasten.checkpointing.io import load, save
 from hasten.checkpointing.layout import custom_object_file
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
@@ -103,6 +104,12 @@ def _sharded(contents: CheckpointContents) -> bool:
 
 def _shards_parameters(contents: CheckpointContents) -> bool:
     return bool(getattr(contents.engine, "shards_parameters", False))
+
+
+def _self_writing_engine(contents: CheckpointContents) -> EngineCheckpoint | None:
+    """The strategy when its engine writes models/optimizers/schedulers itself (DeepSpeed)."""
+    engine = contents.engine
+    return engine if getattr(engine, "checkpoint_layout", None) == "engine" else None
 
 
 def _shared_jobs(
@@ -206,6 +213,12 @@ def save_contents(
     ``total_limit`` (with ``project_dir``) prunes the oldest automatic checkpoints after publishing.
     ``host_buffers`` (async only) are reused from the previous asynchronous save.
     """
+    self_writing = _self_writing_engine(contents)
+    if self_writing is not None and async_save:
+        raise ValueError(
+            "save_state(async_save=True) is not available with DeepSpeed: its engine writes its "
+            "checkpoint itself, synchronously. Call save_state() without async_save."
+        )
     state = PartialState()
     is_writer = state.is_local_main_process if save_on_each_node else state.is_main_process
     buffers = (host_buffers or HostBuffers()) if async_save else None
@@ -248,6 +261,8 @@ def save_contents(
                 shutil.rmtree(plan.staging, ignore_errors=True)
             _agree_on_outcome(state, exc)
             raise
+    if self_writing is not None:
+        _engine_save(self_writing, plan, state)
     if async_save:
         return PendingSave(plan, deferred)
     try:
@@ -257,6 +272,19 @@ def save_contents(
         raise
     _agree_on_outcome(state, None)  # published before any process goes on
     return final
+
+
+def _engine_save(engine: EngineCheckpoint, plan: SavePlan, state: PartialState) -> None:
+    """The engine writes its files; each process then adopts its share of all of them."""
+    try:
+        engine.save_checkpoint(plan.staging)
+    except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
+        _agree_on_outcome(state, exc)
+        raise
+    _agree_on_outcome(state, None)  # every engine file is on disk before anyone lists them
+    own = {job.name for job in plan.jobs}
+    names = [n for n in engine_file_names(plan.staging) if n not in own]
+    plan.adopted = names[state.process_index :: state.num_processes]
 
 
 def finish_async_save(pending: PendingSave) -> Path:
@@ -393,6 +421,8 @@ def _load_gradients(files: CheckpointReader, models: list[torch.nn.Module]) -> N
 
 
 def _check_counts(folder: Path, contents: CheckpointContents) -> None:
+    if _self_writing_engine(contents) is not None:  # the engine checks its parts itself
+        return
     found = {
         "models": len(
             [p for p in folder.iterdir() if p.name.startswith(("model", "pytorch_model"))]
@@ -438,6 +468,9 @@ def load_contents(
     folder = Path(input_dir)
     manifest = _open_manifest(folder, strict)
     _check_counts(folder, contents)
+    self_writing = _self_writing_engine(contents)
+    if self_writing is not None:
+        _engine_load(self_writing, folder, manifest, strict)
     engine = contents.engine if contents.engine is not None else Strategy()
     prepared = contents.prepared_models or contents.models
     dcp_models = [i for i in range(len(prepared)) if (folder / sharded_model_dir(i)).is_dir()]
@@ -489,6 +522,27 @@ def _restore(
         engine.load_optimizer_state_dict(owner, target, state, full=True)
         return
     target.load_state_dict(state)
+
+
+def _engine_load(
+    engine: EngineCheckpoint, folder: Path, manifest: dict[str, Any] | None, strict: bool
+) -> None:
+    """Verify every engine file (each process a share), then let the engine load them."""
+    state = PartialState()
+    error: BaseException | None = None
+    if manifest is not None:
+        names = [n for n in manifest["files"] if os.sep in n or "/" in n]
+        try:
+            verify_existing(folder, manifest, names[state.process_index :: state.num_processes])
+        except (CorruptCheckpointError, OSError) as exc:
+            error = exc
+    try:
+        _agree_on_outcome(state, error)
+    except RuntimeError as exc:
+        raise CorruptCheckpointError(str(exc)) from exc
+    if error is not None:
+        raise error
+    engine.load_checkpoint(folder, strict=strict)
 
 
 def _start_part(

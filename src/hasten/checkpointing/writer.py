@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from hasten.checkpointing import layout
+from hasten.checkpointing.engine import record_existing, sync_directories
 from hasten.checkpointing.io import EarlyWriteback, fsync_directory
 from hasten.checkpointing.manifest import ChecksumWriter, FileRecord, write_manifest
 from hasten.checkpointing.tensors import write_safetensors
@@ -159,6 +160,8 @@ class SavePlan:
     total_limit: int | None = None
     project_dir: str | None = None
     save_on_each_node: bool = False
+    #: Files an engine already wrote into the staging folder that this process checksums.
+    adopted: list[str] = field(default_factory=list)
 
     @property
     def staging(self) -> Path:
@@ -241,6 +244,13 @@ def _sync_named(folder: Path, record: FileRecord) -> None:
         raise _FileFailed(record.name, exc) from exc
 
 
+def _adopt_named(folder: Path, name: str) -> FileRecord:
+    try:
+        return record_existing(folder, name)
+    except OSError as exc:
+        raise _FileFailed(name, exc) from exc
+
+
 def _write_threads(jobs: int) -> int:
     return max(1, min(4, jobs, os.cpu_count() or 1))
 
@@ -254,9 +264,13 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
     """
     records: list[FileRecord] = []
     try:
-        with ThreadPoolExecutor(_write_threads(len(plan.jobs)), "hasten-write") as pool:
+        count = len(plan.jobs) + len(plan.adopted)
+        with ThreadPoolExecutor(_write_threads(count), "hasten-write") as pool:
             records = list(pool.map(functools.partial(_write_named, plan.staging), plan.jobs))
             list(pool.map(functools.partial(_sync_named, plan.staging), records))
+            # engine-written files: checksummed and fsynced here, like hasten's own
+            records += pool.map(functools.partial(_adopt_named, plan.staging), plan.adopted)
+        sync_directories(plan.staging, plan.adopted)
     except _FileFailed as failed:
         exc = failed.error
         message = f"{exc.strerror or exc} while writing {failed.name}"

@@ -52,13 +52,34 @@ _FILE_OWNED_SETTINGS = (
 )
 
 
+def _looks_like_path(text: str) -> bool:
+    stripped = text.strip()
+    return not stripped.startswith("{") and (
+        stripped.endswith((".json", ".hjson")) or "/" in stripped or "\\" in stripped
+    )
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(
+            f"DeepSpeed config file {str(path)!r} is not valid JSON ({exc}); fix the file or "
+            "pass the config as a dict"
+        ) from None
+    if not isinstance(loaded, dict):
+        raise ValueError(
+            f"DeepSpeed config file {str(path)!r} holds a {type(loaded).__name__}, not a JSON "
+            'object; it must look like {"zero_optimization": {"stage": 2}, ...}'
+        )
+    return loaded
+
+
 def _load_config(source: str | Path) -> dict[str, Any]:
     path = Path(source)
     try:
         if path.is_file():
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(loaded, dict):
-                return loaded
+            return _read_config_file(path)
     except OSError:
         pass  # a long JSON/base64 string is not a path; fall through
     text = str(source)
@@ -69,6 +90,11 @@ def _load_config(source: str | Path) -> dict[str, Any]:
             continue
         if isinstance(loaded, dict):
             return loaded
+    if isinstance(source, Path) or _looks_like_path(text):
+        raise ValueError(
+            f"DeepSpeed config file {text!r} does not exist; check the path (relative paths "
+            "start from the working directory), or pass the config as a dict"
+        )
     raise ValueError(
         f"DeepSpeed config {text[:80]!r} is neither an existing JSON file, a JSON object string "
         "nor base64-encoded JSON; pass a path, a dict or an HfDeepSpeedConfig"
@@ -423,7 +449,9 @@ class DeepSpeedPlugin:
             return
         # optional: transformers
         integrations = require(
-            "transformers.integrations", feature="DeepSpeed ZeRO-3 init", pip_name="transformers"
+            "transformers.integrations.deepspeed",
+            feature="DeepSpeed ZeRO-3 init",
+            pip_name="transformers",
         )
         config = copy.deepcopy(self.deepspeed_config)
         for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
@@ -432,9 +460,10 @@ class DeepSpeedPlugin:
         if config.get("train_batch_size") == "auto":
             del config["train_batch_size"]
         integrations.unset_hf_deepspeed_config()
-        self.dschf = integrations.HfDeepSpeedConfig(
-            config
-        )  # keep alive: transformers holds a weakref
+        # transformers' own HfDeepSpeedConfig needs the `accelerate` package; its ZeRO-3 checks
+        # only read `is_zero3()` and `.config` through this weak reference, which ours provides.
+        self.dschf = HfDeepSpeedConfig(config)  # kept alive here: transformers holds a weakref
+        integrations.set_hf_deepspeed_config(self.dschf)
 
     def is_zero3_init_enabled(self) -> bool:
         """Whether models are built already sharded (ZeRO-3 init)."""

@@ -152,7 +152,8 @@ def resolve_engine(
             megatron_lm_plugin=megatron,
             requested=names,
         )
-    if deepspeed is not None and not cpu:
+    # DeepSpeed runs on CPU too (over gloo), never silently replaced by plain DDP.
+    if deepspeed is not None:
         return EngineChoice(
             "deepspeed", DistributedType.DEEPSPEED, deepspeed_plugins=deepspeed, requested=names
         )

@@ -28,6 +28,7 @@ from torch import nn
 
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.precision import Precision, select_precision
+from hasten.scheduler import AcceleratedScheduler
 from hasten.strategies.rebind import canonical_name, rebind_optimizers
 from hasten.strategies.unwrap import extract_model_from_parallel
 
@@ -50,6 +51,8 @@ class Strategy:
     checkpoint_layout: str = "replicated"
     #: Whether parameters are split across processes (plain ``state_dict()`` is not the model).
     shards_parameters: bool = False
+    #: True when the engine places and steps the optimizer state itself (DeepSpeed).
+    owns_optimizer_step: bool = False
 
     def check_usable(self) -> None:
         """Raise if this strategy cannot run yet (engines that are accepted but not wired)."""
@@ -101,12 +104,15 @@ class Strategy:
         prepare: ModulePreparer,
         *,
         earlier_optimizers: Sequence[torch.optim.Optimizer] = (),
+        batch_sizes: Sequence[int] = (),
     ) -> tuple[list[nn.Module], list[torch.optim.Optimizer], list[Any]]:
         """Set up one prepare() call's models, optimizers and schedulers together.
 
         Each model goes through ``prepare`` (which calls `prepare_module`); then every
         optimizer of this call (and ``earlier_optimizers``, prepared before) is pointed at the
-        parameters that replaced the ones it held, matched by parameter name.
+        parameters that replaced the ones it held, matched by parameter name. ``batch_sizes``
+        are the per-process batch sizes of the data loaders prepared in this call (or before),
+        for engines whose config needs them (DeepSpeed's micro batch size).
 
         Returns:
             The prepared models, the (raw, retargeted) optimizers and the schedulers, in order.
@@ -125,6 +131,10 @@ class Strategy:
         optimizer and scheduler together), or return None to let the Accelerator do it."""
         return None
 
+    def accumulation_steps(self, requested: int, explicit: bool) -> int:
+        """The run's accumulation steps (engines whose config sets them may differ or refuse)."""
+        return requested
+
     def backward_fn(self, num_steps: int, scale: Callable[[Any], Any] | None) -> BackwardFn | None:
         """Return a backward the engine owns (e.g. DeepSpeed's), or None for hasten's own."""
         return None
@@ -138,6 +148,17 @@ class Strategy:
     ) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` so it steps only on sync steps (engines may own the step)."""
         return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=scaler)
+
+    def wrap_scheduler(
+        self, scheduler: Any, optimizers: Any, *, step_with_optimizer: bool, split_batches: bool
+    ) -> AcceleratedScheduler:
+        """Wrap ``scheduler`` so it follows the real optimizer steps (engines may step it)."""
+        return AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=step_with_optimizer,
+            split_batches=split_batches,
+        )
 
     # ------------------------------------------------------------------ per step
 

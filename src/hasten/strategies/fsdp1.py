@@ -123,6 +123,7 @@ class FSDP1Strategy(ShardedStrategy):
         prepare: ModulePreparer,
         *,
         earlier_optimizers: Sequence[torch.optim.Optimizer] = (),
+        batch_sizes: Sequence[int] = (),
     ) -> tuple[list[nn.Module], list[torch.optim.Optimizer], list[Any]]:
         if self.plugin.use_orig_params:
             return super().setup(

@@ -13,6 +13,7 @@ from hasten.config.enums import DistributedType
 from hasten.state.engine import EngineChoice
 from hasten.strategies.base import Strategy
 from hasten.strategies.ddp import DDPStrategy, DDPWrapSettings
+from hasten.strategies.deepspeed import DeepSpeedStrategy
 from hasten.strategies.single import SingleDeviceStrategy
 from hasten.strategies.tensor_parallel import TensorParallelStrategy
 from hasten.strategies.unwired import UnwiredStrategy
@@ -33,7 +34,6 @@ _DDP_TYPES = frozenset(
     }
 )
 _UNWIRED_TYPES = {
-    DistributedType.DEEPSPEED: "DeepSpeed",
     DistributedType.MEGATRON_LM: "Megatron-LM",
     DistributedType.XLA: "XLA",
 }
@@ -90,6 +90,18 @@ def _tensor_parallel(config: Any) -> Strategy | None:
     return TensorParallelStrategy(config.device_mesh)
 
 
+def _active_deepspeed_plugin() -> Any:
+    from hasten.state import AcceleratorState
+
+    plugin = AcceleratorState().deepspeed_plugin
+    if plugin is None:
+        raise RuntimeError(
+            "No DeepSpeed plugin is active: pass Accelerator(deepspeed_plugin=...) or select "
+            "one with AcceleratorState().select_deepspeed_plugin(name) before prepare()."
+        )
+    return plugin
+
+
 def select_strategy(
     engine: EngineChoice | DistributedType | str,
     *,
@@ -126,6 +138,8 @@ def select_strategy(
         from hasten.strategies.megatron import MegatronStrategy
 
         return MegatronStrategy(choice.megatron_lm_plugin, world_size)
+    if kind == DistributedType.DEEPSPEED:
+        return DeepSpeedStrategy(_active_deepspeed_plugin, "gloo" if device.type == "cpu" else None)
     if kind in _UNWIRED_TYPES:
         return UnwiredStrategy(_UNWIRED_TYPES[kind])
     unused = [n for n in (choice.requested if choice is not None else ()) if n != "fsdp"]

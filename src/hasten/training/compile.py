@@ -21,6 +21,7 @@ __all__ = [
     "compile_model",
     "compile_regions",
     "compile_regions_fsdp2",
+    "compile_regions_deepspeed",
     "has_compiled_regions",
     "has_repeated_blocks",
     "is_repeated_blocks",
@@ -99,6 +100,17 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     for block in blocks:
         block.compile(**compile_kwargs)
     return module
+
+
+def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> None:
+    """Compile each repeated block of a DeepSpeed engine's module in place (or the whole module).
+
+    Never wraps: DeepSpeed's hooks and partitioned parameters stay on the modules it knows,
+    which a ``torch.compile`` wrapper would hide.
+    """
+    blocks = repeated_blocks(module) or [module]
+    for block in blocks:
+        block.compile(**compile_kwargs)
 
 
 def _compile_kwargs(plugin: CompileSettings) -> dict[str, Any]:

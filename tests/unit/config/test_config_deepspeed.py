@@ -296,16 +296,17 @@ def test_weakref_registers_a_resolved_config_with_transformers(
     events: list[object] = []
     fake = types.SimpleNamespace(
         unset_hf_deepspeed_config=lambda: events.append("unset"),
-        HfDeepSpeedConfig=lambda config: events.append(config) or "registered",
+        set_hf_deepspeed_config=lambda obj: events.append(obj),
     )
     monkeypatch.setattr(module, "is_transformers_available", lambda: True)
     monkeypatch.setattr(module, "is_deepspeed_available", lambda: True)
     monkeypatch.setattr(module, "require", lambda package, **kw: fake)
     plugin = DeepSpeedPlugin(zero_stage=3)
     plugin.set_deepspeed_weakref()
-    assert plugin.dschf == "registered"
     assert events[0] == "unset"
-    config = events[1]
+    assert events[1] is plugin.dschf  # transformers holds a weakref to the plugin's object
+    assert plugin.dschf.is_zero3()
+    config = plugin.dschf.config
     assert isinstance(config, dict)
     assert config["gradient_accumulation_steps"] == 1
     assert config["train_micro_batch_size_per_gpu"] == 1

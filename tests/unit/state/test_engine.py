@@ -31,7 +31,10 @@ def test_single_process_and_plain_runs_have_no_engine() -> None:
 def test_deepspeed_and_megatron_labels() -> None:
     gpu = DistributedType.MULTI_GPU
     assert resolve_engine(gpu, cpu=False, deepspeed_plugin=object()).name == "deepspeed"
-    assert resolve_engine(gpu, cpu=True, deepspeed_plugin=object()).name == "none"
+    # on CPU too: hasten runs DeepSpeed over gloo rather than silently training plain DDP
+    assert resolve_engine(gpu, cpu=True, deepspeed_plugin=object()).name == "deepspeed"
+    cpu_run = resolve_engine(DistributedType.MULTI_CPU, cpu=True, deepspeed_plugin=object())
+    assert cpu_run.distributed_type == DistributedType.DEEPSPEED
     megatron = resolve_engine(gpu, cpu=False, megatron_lm_plugin=object())
     assert megatron.distributed_type == DistributedType.MEGATRON_LM
     # Asked for explicitly, Megatron-LM is the engine anywhere (it refuses at prepare without

@@ -19,6 +19,7 @@ from hasten.strategies import (
     UnwiredStrategy,
     select_strategy,
 )
+from hasten.strategies.deepspeed import DeepSpeedStrategy
 from hasten.strategies.fsdp1 import FSDP1Strategy
 from hasten.strategies.fsdp2 import FSDP2Strategy
 
@@ -105,11 +106,15 @@ def test_select_maps_types_to_strategies() -> None:
     plugin2 = FullyShardedDataParallelPlugin(fsdp_version=2)
     chosen = select_strategy(EngineChoice("fsdp", DistributedType.FSDP, plugin2), device=cpu)
     assert isinstance(chosen, FSDP2Strategy) and chosen.checkpoint_layout == "sharded"
-    # A DeepSpeed request this run cannot honour (CPU) is refused, never silently ignored.
+    # A DeepSpeed request this run cannot honour is refused, never silently ignored.
     choice = EngineChoice("none", DistributedType.MULTI_CPU, requested=("deepspeed",))
     plugin = select_strategy(choice, device=cpu)
     assert isinstance(plugin, UnwiredStrategy)
     assert plugin.engine == "DeepSpeed"
+    deepspeed = EngineChoice("deepspeed", DistributedType.DEEPSPEED, deepspeed_plugins=object())
+    strategy = select_strategy(deepspeed, device=cpu)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    assert strategy.backend == "gloo" and strategy.checkpoint_layout == "engine"
     # A single process with an FSDP plugin has nothing to shard (Accelerate's behaviour).
     single = EngineChoice("none", DistributedType.NO, requested=("fsdp",))
     assert isinstance(select_strategy(single, device=cpu), SingleDeviceStrategy)

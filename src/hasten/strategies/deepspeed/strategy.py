@@ -1,0 +1,371 @@
+"""The DeepSpeed strategy: one `deepspeed.initialize` per model, the engine owns the step.
+
+hasten hands DeepSpeed an initialised process group (gloo on CPU, the platform's backend
+elsewhere; a one-process group when running alone), so DeepSpeed never falls back to MPI
+discovery. The engine divides the loss by the accumulation steps, applies its own fp16 loss
+scaling and clipping, steps the optimizer and the scheduler: the Accelerator adds none of that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from typing_extensions import override
+
+from hasten.config import envvars
+from hasten.core.imports import require
+from hasten.optimizer import AcceleratedOptimizer
+from hasten.precision import Precision, select_precision
+from hasten.scheduler import AcceleratedScheduler
+from hasten.state import GradientState, PartialState
+from hasten.strategies.base import BackwardFn, ModulePreparer, Strategy
+from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
+from hasten.strategies.deepspeed.resolve import EngineInputs, resolve_config
+from hasten.strategies.deepspeed.wrappers import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+)
+from hasten.strategies.deepspeed.zero import (
+    GatheredParameters,
+    consolidated_state_dict,
+    is_zero3_partitioned,
+    release_engines,
+)
+from hasten.strategies.unwrap import extract_model_from_parallel
+
+__all__ = ["DeepSpeedStrategy", "engine_tag", "ensure_process_group", "is_deepspeed_engine"]
+
+#: Checkpoint tag of engine ``i`` (Accelerate's names, so DeepSpeed's own tools find them).
+_TAG = "pytorch_model"
+
+
+def engine_tag(index: int) -> str:
+    """The ``save_checkpoint`` tag of the ``index``-th prepared engine."""
+    return _TAG if index == 0 else f"{_TAG}_{index}"
+
+
+def is_deepspeed_engine(module: Any) -> bool:
+    """Whether ``module`` is a `deepspeed.DeepSpeedEngine` (without importing deepspeed)."""
+    runtime = sys.modules.get("deepspeed.runtime.engine")
+    return runtime is not None and isinstance(module, runtime.DeepSpeedEngine)
+
+
+def ensure_process_group(backend: str | None) -> None:
+    """Create a one-process group when running alone, so DeepSpeed does not look for MPI.
+
+    DeepSpeed also insists on ``LOCAL_RANK`` (torchrun sets it; a plain ``python train.py``
+    does not), so a lone process gets its own index there.
+    """
+    if envvars.read("LOCAL_RANK") is None:
+        envvars.write("LOCAL_RANK", PartialState().local_process_index)
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+class DeepSpeedStrategy(Strategy):
+    """Prepare models with `deepspeed.initialize` and drive training through the engines.
+
+    Args:
+        active_plugin: returns the selected `DeepSpeedPlugin` (it can change between prepare
+            calls through ``state.select_deepspeed_plugin``).
+        backend: the process-group backend used when hasten runs DeepSpeed alone.
+    """
+
+    name = "deepspeed"
+    syncs_gradients = True
+    #: The engine writes and reads models, optimizers and schedulers in save/load_state.
+    checkpoint_layout = "engine"
+    #: The engine places and steps the optimizer state (offload may keep it on the host).
+    owns_optimizer_step = True
+
+    def __init__(self, active_plugin: Callable[[], Any], backend: str | None = "gloo") -> None:
+        self._active_plugin = active_plugin
+        self.backend = backend
+        self.engines: list[Any] = []
+        self._trainer: DeepSpeedEngineWrapper | None = None
+
+    @override
+    def check_usable(self) -> None:
+        require("deepspeed", feature="DeepSpeedPlugin", extra="deepspeed")
+
+    @property
+    def plugin(self) -> Any:
+        """The DeepSpeed plugin the next prepare uses."""
+        return self._active_plugin()
+
+    @override
+    def select_precision(
+        self,
+        mixed_precision: Any,
+        device: torch.device,
+        autocast_kwargs: Any,
+        scaler_kwargs: Any,
+        *,
+        fp8_recipe: Any = None,
+    ) -> Precision:
+        # DeepSpeed casts the model and scales fp16 losses itself: no autocast, no GradScaler.
+        return select_precision(mixed_precision, device, engine_managed=True)
+
+    @override
+    def accumulation_steps(self, requested: int, explicit: bool) -> int:
+        """An explicit config value is the run's; one contradicting the Accelerator raises."""
+        steps = self.plugin.get_value("gradient_accumulation_steps")
+        if not isinstance(steps, int) or steps == requested:
+            return requested
+        if explicit:
+            raise ValueError(
+                f"The DeepSpeed config sets gradient_accumulation_steps={steps} but the "
+                f"Accelerator was given {requested}. Set one of them: make them equal, or set "
+                "the config's value to 'auto'."
+            )
+        return steps
+
+    @override
+    def setup(
+        self,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[Any],
+        schedulers: Sequence[Any],
+        prepare: ModulePreparer,
+        *,
+        earlier_optimizers: Sequence[Any] = (),
+        batch_sizes: Sequence[int] = (),
+    ) -> tuple[list[nn.Module], list[Any], list[Any]]:
+        """One `deepspeed.initialize` for this call's model, optimizer and scheduler.
+
+        Raises:
+            ValueError: more than one model/optimizer/scheduler, or an optimizer without its
+                model (each engine is set up in its own prepare call), or a bad config.
+        """
+        counts = (len(models), len(optimizers), len(schedulers))
+        if max(counts) > 1 or (not models and (optimizers or schedulers)):
+            raise ValueError(
+                "Under DeepSpeed each prepare() call sets up one engine: pass one model with at "
+                f"most one optimizer and one scheduler (got {list(counts)} models/optimizers/"
+                "schedulers). Prepare a second model in its own call, after "
+                "AcceleratorState().select_deepspeed_plugin(name) if it has its own config."
+            )
+        if not models:
+            return [], [], []
+        plugin = self.plugin
+        micro = None
+        if batch_sizes:
+            micro = min(batch_sizes) if plugin.is_train_batch_min else max(batch_sizes)
+        inputs = EngineInputs(
+            model=models[0],
+            optimizer=optimizers[0] if optimizers else None,
+            scheduler=schedulers[0] if schedulers else None,
+            micro_batch_size=micro,
+            num_processes=PartialState().num_processes,
+            accumulation_steps=GradientState().num_steps,
+        )
+        engine, optimizer, scheduler = self._initialize(inputs)
+        return (
+            [prepare(engine)],
+            [] if optimizer is None else [optimizer],
+            [] if scheduler is None else [scheduler],
+        )
+
+    def _initialize(self, inputs: EngineInputs) -> tuple[Any, Any, Any]:
+        config = resolve_config(self.plugin, inputs)
+        ensure_process_group(self.backend)
+        # optional: deepspeed
+        deepspeed = require("deepspeed", feature="DeepSpeedPlugin", extra="deepspeed")
+        kwargs: dict[str, Any] = {"model": inputs.model, "config": config}
+        optimizer, scheduler = inputs.optimizer, inputs.scheduler
+        if isinstance(optimizer, DummyOptim):
+            kwargs["model_parameters"] = optimizer.params
+        elif optimizer is not None:
+            kwargs["optimizer"] = optimizer
+        if isinstance(scheduler, DummyScheduler):
+            if "scheduler" not in config:
+                kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+        elif scheduler is not None:
+            kwargs["lr_scheduler"] = scheduler
+        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+            dist_init_required=False, **kwargs
+        )
+        self.engines.append(engine)
+        if ds_optimizer is not None:
+            self._trainer = DeepSpeedEngineWrapper(engine)
+        return engine, ds_optimizer, ds_scheduler
+
+    @override
+    def prepare_module(
+        self,
+        module: nn.Module,
+        device: torch.device | None,
+        *,
+        precision: Precision,
+        compile_fn: Callable[[nn.Module], nn.Module],
+    ) -> nn.Module:
+        """The engine is already placed and wrapped; regional compilation works in place."""
+        inner = module.module if is_deepspeed_engine(module) else module
+        if compile_fn(inner) is not inner:  # type: ignore[arg-type]
+            raise NotImplementedError(
+                "Compiling a whole DeepSpeed-wrapped model would hide the engine's hooks behind "
+                "a torch.compile wrapper. Use TorchDynamoPlugin(use_regional_compilation=True) "
+                "(its repeated blocks are compiled in place), or no dynamo backend."
+            )
+        return module
+
+    @override
+    def backward_fn(self, num_steps: int, scale: Callable[[Any], Any] | None) -> BackwardFn | None:
+        """Backward through the engine (it divides by the accumulation steps itself)."""
+        gradient_state = GradientState()
+
+        def backward(loss: torch.Tensor, **kwargs: Any) -> None:
+            self.backward(loss, sync_gradients=gradient_state.sync_gradients, **kwargs)
+
+        return backward
+
+    def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
+        """Engine backward and step (an update only when ``sync_gradients``).
+
+        Raises:
+            RuntimeError: no model was prepared together with an optimizer.
+        """
+        if self._trainer is None:
+            raise RuntimeError(
+                "backward() under DeepSpeed needs a model prepared together with its optimizer: "
+                "call accelerator.prepare(model, optimizer, ...) before training."
+            )
+        self._trainer.backward(loss, sync_gradients=sync_gradients, **kwargs)
+
+    @override
+    def wrap_optimizer(
+        self, optimizer: Any, *, device_placement: bool, scaler: torch.amp.GradScaler | None
+    ) -> AcceleratedOptimizer:
+        return DeepSpeedOptimizerWrapper(optimizer)
+
+    @override
+    def wrap_scheduler(
+        self, scheduler: Any, optimizers: Any, *, step_with_optimizer: bool, split_batches: bool
+    ) -> AcceleratedScheduler:
+        return DeepSpeedSchedulerWrapper(scheduler, optimizers)
+
+    @property
+    def training_engine(self) -> Any:
+        """The engine `backward` drives (the last one prepared with an optimizer), or None."""
+        return None if self._trainer is None else self._trainer.engine
+
+    @override
+    def no_sync(self, module: nn.Module) -> AbstractContextManager[None]:
+        # DeepSpeed reduces gradients only on the boundary `backward` tells it about.
+        return contextlib.nullcontext()
+
+    @override
+    def unwrap(
+        self, module: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> nn.Module:
+        while is_deepspeed_engine(module):
+            module = module.module  # type: ignore[assignment]
+        return extract_model_from_parallel(
+            module, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
+
+    @override
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Return the global norm DeepSpeed computed (and clipped to) at its last update.
+
+        DeepSpeed clips inside its step with the config's ``gradient_clipping``; asking for
+        another limit or norm raises rather than silently clipping at a different value.
+        """
+        engine = self.training_engine
+        if engine is None:
+            raise RuntimeError(
+                "clip_grad_norm_ under DeepSpeed needs a model prepared with its optimizer."
+            )
+        clipping = float(engine.gradient_clipping() or 0.0)
+        if float(norm_type) != 2.0 or float(max_norm) != clipping:
+            raise ValueError(
+                f"DeepSpeed clips gradients itself, to an L2 norm of gradient_clipping="
+                f"{clipping} (from the DeepSpeed config), but clip_grad_norm_ asked for "
+                f"max_norm={max_norm}, norm_type={norm_type}. Set DeepSpeedPlugin("
+                f"gradient_clipping={max_norm}) (or the config's gradient_clipping) and keep "
+                "norm_type=2."
+            )
+        norm = engine.get_global_grad_norm()
+        return torch.as_tensor(float("nan") if norm is None else norm)
+
+    @override
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        raise NotImplementedError(
+            "DeepSpeed clips gradients by norm only (its config's gradient_clipping); "
+            "clip_grad_value_ cannot be honoured. Use accelerator.clip_grad_norm_ with the "
+            "config's gradient_clipping instead."
+        )
+
+    @override
+    def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:
+        """The full weights (ZeRO-3: gathered; the main process gets them, others ``{}``)."""
+        engine: Any = self._engine_of(model)
+        if engine is not None and engine.zero_optimization_stage() == 3:
+            return consolidated_state_dict(engine)
+        module = self.unwrap(model, keep_torch_compile=False)
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    @override
+    def load_model_state_dict(
+        self,
+        model: nn.Module,
+        state_dict: dict[str, Any],
+        *,
+        full: bool = True,
+        strict: bool = True,
+    ) -> None:
+        """Load full weights (ZeRO-3: given on the main process, scattered to the partitions)."""
+        module = self.unwrap(model, keep_torch_compile=False)
+        params = list(module.parameters())
+        with GatheredParameters(params, modifier_rank=0):
+            if PartialState().is_main_process or not is_zero3_partitioned(params):
+                module.load_state_dict(state_dict, strict=strict)
+
+    def _engine_of(self, model: nn.Module) -> Any:
+        return next((e for e in self.engines if e is model or e.module is model), None)
+
+    def save_checkpoint(self, folder: Path) -> None:
+        """Every engine writes its checkpoint (all processes call this together)."""
+        for index, engine in enumerate(self.engines):
+            engine.save_checkpoint(str(folder), tag=engine_tag(index))
+
+    def load_checkpoint(self, folder: Path, strict: bool = True) -> None:
+        """Every engine loads its checkpoint (module, optimizer, scheduler, step counters).
+
+        Raises:
+            FileNotFoundError: an engine's tag folder is missing (another model/engine count).
+        """
+        for index, engine in enumerate(self.engines):
+            tag = engine_tag(index)
+            if not (folder / tag).is_dir():
+                raise FileNotFoundError(
+                    f"{folder} holds no DeepSpeed checkpoint {tag!r} for prepared engine "
+                    f"{index}; load a checkpoint saved with the same models prepared."
+                )
+            path, _ = engine.load_checkpoint(
+                str(folder), tag=tag, load_module_strict=strict, load_lr_scheduler_states=True
+            )
+            if path is None:
+                raise RuntimeError(f"DeepSpeed could not load {folder / tag}.")
+
+    def release(self) -> None:
+        """Destroy the engines (ZeRO-3 hooks and threads) before the process group goes."""
+        release_engines(self.engines)
+        self.engines.clear()
+        self._trainer = None
+
+    @override
+    def __repr__(self) -> str:
+        return f"DeepSpeedStrategy(engines={len(self.engines)})"

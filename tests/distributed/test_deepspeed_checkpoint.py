@@ -1,0 +1,195 @@
+"""DeepSpeed checkpoints inside hasten's staged, verified folders: exact resume, kill -9, export.
+
+The engine writes its own files (each process its ZeRO partition); hasten lists them in the
+manifest and publishes the folder atomically, and verifies them before the engine reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from _support.distributed import run_distributed
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.usefixtures("deepspeed_ops"),
+    pytest.mark.timeout(600),  # the first DeepSpeed test of a fresh machine builds its op
+]
+
+BATCH, STEPS_PER_UPDATE = 4, 2
+
+
+def _numpy(state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Plain arrays: tensors would travel through shared file descriptors of a finished worker."""
+    return {k: v.detach().numpy().copy() for k, v in state.items()}
+
+
+def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v) for k, v in state.items()}
+
+
+def _setup(stage: int, project: Path | None = None) -> tuple[Any, ...]:
+    from hasten import Accelerator
+    from hasten.utils import DeepSpeedPlugin, ProjectConfiguration, set_seed
+
+    set_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(96, 8, generator=generator), torch.randn(96, 2, generator=generator)
+    )
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
+    config = None
+    if project is not None:
+        config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=STEPS_PER_UPDATE,
+        deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage, gradient_clipping=1.0),
+        project_config=config,
+    )
+    return accelerator, *accelerator.prepare(model, optimizer, loader, scheduler)
+
+
+def _micro_steps(accelerator: Any, model: Any, optimizer: Any, batches: Any) -> list[float]:
+    losses = []
+    for x, y in batches:
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _first_run(stage: int, folder: str, export: str) -> dict[str, Any]:
+    accelerator, model, optimizer, loader, scheduler = _setup(stage)
+    batches = iter(loader)
+    _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
+    saved = _numpy(accelerator.get_state_dict(model))
+    accelerator.save_state(folder)
+    losses = _micro_steps(accelerator, model, optimizer, batches)
+    accelerator.save_model(model, export)
+    return {
+        "saved": saved,
+        "losses": losses,
+        "final": _numpy(accelerator.get_state_dict(model)),
+        "lr": scheduler.get_last_lr(),
+    }
+
+
+def _resumed_run(stage: int, folder: str) -> dict[str, Any]:
+    accelerator, model, optimizer, loader, scheduler = _setup(stage)
+    accelerator.load_state(folder)
+    losses = _micro_steps(accelerator, model, optimizer, loader)  # resumes mid-epoch
+    return {
+        "losses": losses,
+        "final": _numpy(accelerator.get_state_dict(model)),
+        "lr": scheduler.get_last_lr(),
+    }
+
+
+def test_zero3_exact_resume_and_consolidated_weights_in_a_plain_model(tmp_path: Path) -> None:
+    folder, export = str(tmp_path / "ckpt"), str(tmp_path / "export")
+    first = run_distributed(_first_run, 3, folder, export, world_size=2, timeout=240)
+    second = run_distributed(_resumed_run, 3, folder, world_size=2, timeout=240)
+    for rank in range(2):
+        assert second[rank]["losses"] == first[rank]["losses"]  # bitwise
+        assert second[rank]["lr"] == first[rank]["lr"]
+    final = _tensors(first[0]["final"])
+    for key, value in final.items():
+        assert torch.equal(torch.from_numpy(second[0]["final"][key]), value), key
+    manifest = (Path(folder) / "hasten_manifest.json").read_text()
+    assert "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt" in manifest
+    # the export is plain safetensors of the gathered weights, loadable without any engine
+    from safetensors.torch import load_file
+
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    plain.load_state_dict(load_file(os.path.join(export, "model.safetensors")))
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, final[key])
+    # DeepSpeed's own consolidation of the saved ZeRO-3 partitions, on one process
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    weights = get_fp32_state_dict_from_zero_checkpoint(folder, tag="pytorch_model")
+    plain.load_state_dict(weights)
+    saved = _tensors(first[0]["saved"])
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, saved[key])
+
+
+def _train_then_die(project: Path, weights_file: Path) -> None:  # pragma: no cover - forked
+    accelerator, model, optimizer, loader, _ = _setup(2, project)
+    batches = iter(loader)
+    _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
+    torch.save(accelerator.get_state_dict(model), weights_file)
+    accelerator.save_state()  # checkpoint_0
+    _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(2)])
+    strategy = accelerator.strategy
+    original = strategy.save_checkpoint
+
+    def save_then_die(folder: Path) -> None:
+        original(folder)  # the engine's files are on disk; hasten has not published yet
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    strategy.save_checkpoint = save_then_die  # type: ignore[method-assign]
+    accelerator.save_state()  # checkpoint_1: killed halfway
+
+
+def _load_newest(project: str) -> dict[str, Any]:
+    accelerator, model, *_ = _setup(2, Path(project))
+    accelerator.load_state()
+    return _numpy(accelerator.get_state_dict(model))
+
+
+def test_kill_9_during_save_state_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    weights_file = tmp_path / "weights.pt"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child never returns normally
+        try:
+            _train_then_die(tmp_path, weights_file)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    checkpoints = tmp_path / "checkpoints"
+    assert (checkpoints / "checkpoint_0" / "hasten_manifest.json").is_file()
+    assert not (checkpoints / "checkpoint_1").exists()
+    assert (checkpoints / ".checkpoint_1.partial" / "pytorch_model").is_dir()  # never published
+    (loaded,) = run_distributed(_load_newest, str(tmp_path), world_size=1, timeout=240)
+    expected = torch.load(weights_file)
+    for key, value in expected.items():
+        assert torch.equal(torch.from_numpy(loaded[key]), value), key
+
+
+def _load_expecting_corruption(folder: str) -> str:
+    from hasten.checkpointing.manifest import CorruptCheckpointError
+
+    accelerator, *_ = _setup(2)
+    with pytest.raises(CorruptCheckpointError) as caught:
+        accelerator.load_state(folder)
+    return str(caught.value)
+
+
+def _save_only(folder: str) -> None:
+    accelerator, *_ = _setup(2)
+    accelerator.save_state(folder)
+
+
+def test_a_damaged_engine_file_is_refused_before_the_engine_reads_it(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    run_distributed(_save_only, str(folder), world_size=2, timeout=240)
+    target = folder / "pytorch_model" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    messages = run_distributed(_load_expecting_corruption, str(folder), world_size=2, timeout=240)
+    assert any("zero_pp_rank_1_mp_rank_00_optim_states.pt" in m for m in messages)

@@ -1,0 +1,141 @@
+"""DeepSpeed through the Accelerator on 2 CPU processes (gloo): ZeRO really shards, trains like DDP.
+
+The reference is what data-parallel training computes: one optimizer step per accumulation
+cycle on the mean loss of every micro-batch of both processes, clipped to the same global norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from _support.distributed import run_distributed
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.usefixtures("deepspeed_ops"),
+    pytest.mark.timeout(600),  # the first DeepSpeed test of a fresh machine builds its op
+]
+
+SAMPLES, FEATURES, BATCH, STEPS_PER_UPDATE, LR, CLIP = 64, 8, 4, 2, 1e-2, 0.5
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)
+    )
+
+
+def make_data() -> torch.utils.data.TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(SAMPLES, FEATURES, generator=generator)
+    return torch.utils.data.TensorDataset(x, torch.randn(SAMPLES, 2, generator=generator) * 3)
+
+
+def reference_weights(world_size: int) -> dict[str, torch.Tensor]:
+    """Plain data parallelism, computed on one process: the mean loss of each update's batches."""
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    x, y = make_data().tensors
+    per_update = BATCH * world_size * STEPS_PER_UPDATE
+    for start in range(0, SAMPLES, per_update):
+        xs, ys = x[start : start + per_update], y[start : start + per_update]
+        torch.nn.functional.mse_loss(model(xs), ys).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        optimizer.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _plugin(stage: int, **config: Any) -> Any:
+    from hasten.utils import DeepSpeedPlugin
+
+    return DeepSpeedPlugin(
+        hf_ds_config={
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "gradient_clipping": CLIP,
+            "zero_optimization": {"stage": stage},
+            **config,
+        }
+    )
+
+
+def _sharding(engine: Any, stage: int) -> tuple[int, int]:
+    """(elements this process holds, elements of the whole model) for what ZeRO shards."""
+    params = list(engine.module.parameters())
+    if stage == 3:
+        return sum(p.ds_tensor.numel() for p in params), sum(p.ds_numel for p in params)
+    inner = engine.optimizer.optimizer  # the client AdamW over this process's flat partition
+    held = sum(s["exp_avg"].numel() for s in inner.state.values())
+    return held, sum(p.numel() for p in params)
+
+
+def _train(stage: int, bf16: bool = False) -> dict[str, Any]:
+    from hasten import Accelerator
+
+    plugin = _plugin(stage, **({"bf16": {"enabled": True}} if bf16 else {}))
+    accelerator = Accelerator(gradient_accumulation_steps=STEPS_PER_UPDATE, deepspeed_plugin=plugin)
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    loader = torch.utils.data.DataLoader(make_data(), batch_size=BATCH)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    norms = []
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            out = model(x.to(torch.bfloat16) if bf16 else x)
+            accelerator.backward(torch.nn.functional.mse_loss(out.float(), y))
+            if accelerator.sync_gradients:
+                norms.append(float(accelerator.clip_grad_norm_(model.parameters(), CLIP)))
+            optimizer.step()
+            optimizer.zero_grad()
+    with pytest.raises(ValueError, match="gradient_clipping=0.5"):
+        accelerator.clip_grad_norm_(model.parameters(), 2.0)
+    held, total = _sharding(model, stage)
+    weights = accelerator.get_state_dict(model)
+    return {
+        "held": held,
+        "total": total,
+        "norms": norms,
+        # plain numpy: tensors would travel through shared file descriptors of a finished worker
+        "weights": {k: v.float().numpy() for k, v in weights.items()},
+        "dtype": str(next(accelerator.unwrap_model(model).parameters()).dtype),
+        "mixed_precision": accelerator.mixed_precision,
+        "scaler": accelerator.scaler,
+        "steps": model.global_steps,
+    }
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_shards_and_trains_like_data_parallel(stage: int) -> None:
+    results = run_distributed(_train, stage, world_size=2, timeout=180)
+    expected = reference_weights(world_size=2)
+    for rank, result in enumerate(results):
+        # ZeRO-2 partitions the optimizer state, ZeRO-3 the parameters too: ~1/2 per process
+        assert result["total"] / 2 <= result["held"] <= result["total"] / 2 + 64, rank
+        assert result["steps"] == SAMPLES // (BATCH * 2 * STEPS_PER_UPDATE)
+        assert max(result["norms"]) > CLIP  # clipping really happened
+    assert results[0]["held"] + results[1]["held"] >= results[0]["total"]
+    weights = {k: torch.from_numpy(v) for k, v in results[0]["weights"].items()}  # gathered
+    assert weights.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-5)
+    if stage == 3:
+        assert results[1]["weights"] == {}
+    else:
+        for key, value in results[1]["weights"].items():
+            torch.testing.assert_close(torch.from_numpy(value), weights[key])
+
+
+def test_bf16_trains_in_bf16_close_to_fp32() -> None:
+    results = run_distributed(_train, 2, True, world_size=2, timeout=180)
+    main = results[0]
+    assert main["dtype"] == "torch.bfloat16"
+    assert main["mixed_precision"] == "bf16"
+    assert main["scaler"] is None  # DeepSpeed owns precision: no torch GradScaler
+    expected = reference_weights(world_size=2)
+    for key, value in expected.items():
+        torch.testing.assert_close(torch.from_numpy(main["weights"][key]), value, rtol=0, atol=3e-2)
