@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +92,14 @@ def _resumed_run(stage: int, folder: str) -> dict[str, Any]:
     accelerator, model, optimizer, loader, scheduler = _setup(stage)
     accelerator.load_state(folder)
     losses = _micro_steps(accelerator, model, optimizer, loader)  # resumes mid-epoch
-    return {
-        "losses": losses,
-        "final": _numpy(accelerator.get_state_dict(model)),
-        "lr": scheduler.get_last_lr(),
-    }
+    final = _numpy(accelerator.get_state_dict(model))
+    # DeepSpeed's own consolidation of the saved ZeRO-3 partitions (one process, no group);
+    # done here so the test process itself never imports deepspeed
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    merged = get_fp32_state_dict_from_zero_checkpoint(folder, tag="pytorch_model")
+    lr = scheduler.get_last_lr()
+    return {"losses": losses, "final": final, "lr": lr, "merged": _numpy(merged)}
 
 
 def test_zero3_exact_resume_and_consolidated_weights_in_a_plain_model(tmp_path: Path) -> None:
@@ -116,17 +121,13 @@ def test_zero3_exact_resume_and_consolidated_weights_in_a_plain_model(tmp_path: 
     plain.load_state_dict(load_file(os.path.join(export, "model.safetensors")))
     for key, value in plain.state_dict().items():
         assert torch.equal(value, final[key])
-    # DeepSpeed's own consolidation of the saved ZeRO-3 partitions, on one process
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    weights = get_fp32_state_dict_from_zero_checkpoint(folder, tag="pytorch_model")
-    plain.load_state_dict(weights)
+    plain.load_state_dict(_tensors(second[0]["merged"]))
     saved = _tensors(first[0]["saved"])
     for key, value in plain.state_dict().items():
         assert torch.equal(value, saved[key])
 
 
-def _train_then_die(project: Path, weights_file: Path) -> None:  # pragma: no cover - forked
+def _train_then_die(project: Path, weights_file: Path) -> None:  # pragma: no cover - subprocess
     accelerator, model, optimizer, loader, _ = _setup(2, project)
     batches = iter(loader)
     _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
@@ -152,14 +153,17 @@ def _load_newest(project: str) -> dict[str, Any]:
 
 def test_kill_9_during_save_state_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
     weights_file = tmp_path / "weights.pt"
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child never returns normally
-        try:
-            _train_then_die(tmp_path, weights_file)
-        finally:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    here = Path(__file__).parent
+    code = (
+        f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]\n"
+        "from pathlib import Path\nimport test_deepspeed_checkpoint as t\n"
+        f"t._train_then_die(Path({str(tmp_path)!r}), Path({str(weights_file)!r}))\n"
+    )
+    # a fresh interpreter: forking this (threaded) test process could deadlock the child
+    child = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     checkpoints = tmp_path / "checkpoints"
     assert (checkpoints / "checkpoint_0" / "hasten_manifest.json").is_file()
     assert not (checkpoints / "checkpoint_1").exists()
