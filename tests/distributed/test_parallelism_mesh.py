@@ -13,11 +13,18 @@ from _support.distributed import run_distributed
 pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore:Slicing a flattened")]
 
 
-def _tp_only() -> dict[str, Any]:
+def _tp_only(old_plugin: bool) -> dict[str, Any]:
     from hasten import Accelerator
-    from hasten.config.parallelism import ParallelismConfig
+    from hasten.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
 
-    accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
+    if old_plugin:  # the deprecated spelling maps onto ParallelismConfig(tp_size=2)
+        plugin = TorchTensorParallelPlugin(tp_size=2)
+        with pytest.warns(FutureWarning, match="TorchTensorParallelPlugin` is deprecated"):
+            accelerator = Accelerator(torch_tp_plugin=plugin)
+        assert plugin.torch_device_mesh is accelerator.torch_device_mesh
+        assert accelerator.parallelism_config.tp_size == 2
+    else:
+        accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
     mesh = accelerator.torch_device_mesh
     loader = accelerator.prepare(DataLoader(torch.arange(8.0), batch_size=2))
     batches = [batch.tolist() for batch in loader]
@@ -45,8 +52,9 @@ def _tp_only() -> dict[str, Any]:
 
 
 @pytest.mark.timeout(120)
-def test_tensor_parallel_group_gets_the_same_batches() -> None:
-    ranks = run_distributed(_tp_only, world_size=2, timeout=90)
+@pytest.mark.parametrize("old_plugin", [False, True], ids=["parallelism_config", "tp_plugin"])
+def test_tensor_parallel_group_gets_the_same_batches(old_plugin: bool) -> None:
+    ranks = run_distributed(_tp_only, old_plugin, world_size=2, timeout=90)
     for rank, result in enumerate(ranks):
         assert result["dims"] == ("tp",)
         assert result["state_mesh"]
