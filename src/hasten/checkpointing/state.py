@@ -55,7 +55,6 @@ from hasten.checkpointing.writer import (
     safetensors_job,
 )
 from hasten.core.errors import CheckpointNotFoundError
-from hasten.core.names import get_pretty_name
 from hasten.core.nested import recursively_apply
 from hasten.ops.collectives import gather_object
 from hasten.state import PartialState
@@ -727,7 +726,7 @@ def _check_process_index(process_index: int) -> None:
 def save_custom_state(obj: Any, path: str, index: int = 0, save_on_each_node: bool = False) -> None:
     """Save ``obj.state_dict()`` to ``{path}/custom_checkpoint_{index}.pkl`` (as `save_state` does)."""
     target = Path(path) / custom_object_file(index)
-    logger.info("Saving the state of %s to %s", get_pretty_name(obj), target)
+    logger.info("Saving the state of %s to %s", type(obj).__qualname__, target)
     save(obj.state_dict(), target, save_on_each_node=save_on_each_node)
 
 
@@ -738,5 +737,5 @@ def load_custom_state(obj: Any, path: str, index: int = 0) -> None:
     objects is refused with `UnsafeCheckpointError`.
     """
     source = Path(path) / custom_object_file(index)
-    logger.info("Loading the state of %s from %s", get_pretty_name(obj), source)
+    logger.info("Loading the state of %s from %s", type(obj).__qualname__, source)
     obj.load_state_dict(load(source, map_location="cpu"))
