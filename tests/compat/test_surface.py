@@ -32,7 +32,7 @@ CHECKED_GROUPS = {
     "general": True,
     "sagemaker": True,
     "xla_tpu": True,
-    "deepspeed": False,  # DeepSpeed engine issue
+    "deepspeed": True,
     "fsdp": True,
     "parallelism": True,
     "fp8": True,

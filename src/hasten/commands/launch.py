@@ -17,6 +17,12 @@ from hasten.commands.launch_help import CustomHelpFormatter, clean_option
 from hasten.commands.utils import CustomArgumentParser
 from hasten.config import envvars
 from hasten.config.enums import DynamoBackend, PrecisionType, enum_value
+from hasten.launchers.deepspeed import (
+    add_deepspeed_launcher_flags,
+    deepspeed_runner_command,
+    uses_deepspeed_runner,
+    write_deepspeed_env,
+)
 from hasten.launchers.elastic import run, run_workers, script_command
 from hasten.launchers.env import plugin_env, setup_fp8_env, worker_env
 from hasten.launchers.options import add_option_flags, check_parallelism_sizes, option_env
@@ -29,12 +35,14 @@ __all__ = [
     "CustomHelpFormatter",
     "PRECEDENCE",
     "clean_option",
+    "deepspeed_launcher",
     "launch_command",
     "launch_command_parser",
     "load_launch_config",
     "main",
     "multi_gpu_launcher",
     "plan_from_args",
+    "prepare_deepspeed_cmd_env",
     "prepare_multi_gpu_env",
     "prepare_simple_launcher_cmd_env",
     "register",
@@ -224,6 +232,7 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     _add_training_flags(parser)
     _add_fp8_flags(parser)
     add_option_flags(parser)
+    add_deepspeed_launcher_flags(parser)
     _add_platform_flags(parser)
     command = parser.add_argument_group("Command")
     command.add_argument(
@@ -298,6 +307,9 @@ def launch_command(args: argparse.Namespace) -> int:
     special = _platform_launch(args)
     if special is not None:
         return special
+    plan, _ = plan_from_args(args)
+    if args.use_deepspeed and uses_deepspeed_runner(plan, args.deepspeed_multinode_launcher):
+        return deepspeed_launcher(args)
     return run_launch(args)
 
 
@@ -423,6 +435,38 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     """
     _, env = _full_env(_with_defaults(args))
     return env
+
+
+def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The ``deepspeed`` runner command for a multi-node launch, and the workers' environment.
+
+    With one machine or ``--deepspeed_multinode_launcher standard`` the command is the one
+    ``hasten launch`` runs itself (each worker through torch elastic).
+    """
+    plan, env = _full_env(_with_defaults(args))
+    if not uses_deepspeed_runner(plan, getattr(args, "deepspeed_multinode_launcher", None)):
+        return script_command(plan), env
+    cmd = deepspeed_runner_command(
+        plan,
+        launcher=args.deepspeed_multinode_launcher,
+        hostfile=args.deepspeed_hostfile,
+        exclusion_filter=args.deepspeed_exclusion_filter,
+        inclusion_filter=args.deepspeed_inclusion_filter,
+    )
+    return cmd, env
+
+
+def deepspeed_launcher(args: argparse.Namespace) -> int:
+    """Start a multi-node DeepSpeed job through DeepSpeed's runner; return its exit code.
+
+    The hasten settings reach every host through ``.deepspeed_env`` in the working directory.
+    """
+    plan, own = _plan_and_env(args)
+    if not uses_deepspeed_runner(plan, args.deepspeed_multinode_launcher):
+        return run_launch(args)
+    cmd, env = prepare_deepspeed_cmd_env(args)
+    write_deepspeed_env(env, sorted(own), Path.cwd())
+    return subprocess.run(cmd, env=env, check=False).returncode
 
 
 def simple_launcher(args: argparse.Namespace) -> None:

@@ -193,6 +193,8 @@ class DeepSpeedPlugin:
         zero3_init_flag: build models already sharded (ZeRO 3 only).
         zero3_save_16bit_model: gather a 16-bit model when saving (ZeRO 3).
         transformer_moe_cls_names: comma list of MoE layer class names (leaf modules).
+        enable_msamp: use MS-AMP for fp8 (default: ACCELERATE_FP8_BACKEND is MSAMP).
+        msamp_opt_level: MS-AMP optimization level, "O1" or "O2".
     """
 
     hf_ds_config: Any = None
@@ -207,6 +209,8 @@ class DeepSpeedPlugin:
     zero3_init_flag: bool = None  # type: ignore[assignment]
     zero3_save_16bit_model: bool = None  # type: ignore[assignment]
     transformer_moe_cls_names: str = None  # type: ignore[assignment]
+    enable_msamp: bool = None  # type: ignore[assignment]
+    msamp_opt_level: str | None = None
 
     def __post_init__(self) -> None:
         self._fill_from_environment()
@@ -233,8 +237,14 @@ class DeepSpeedPlugin:
                 stacklevel=3,
             )
             self.zero3_init_flag = False
-        self.enable_msamp = envvars.setting("ACCELERATE_FP8_BACKEND") == "MSAMP"
-        self.msamp_opt_level = envvars.read("ACCELERATE_FP8_OPT_LEVEL", "O1")
+        if self.enable_msamp is None:
+            self.enable_msamp = envvars.setting("ACCELERATE_FP8_BACKEND") == "MSAMP"
+        if self.msamp_opt_level is None:
+            self.msamp_opt_level = envvars.read("ACCELERATE_FP8_OPT_LEVEL", "O1")
+        if self.msamp_opt_level not in ("O1", "O2"):
+            raise ValueError(
+                f"DeepSpeedPlugin(msamp_opt_level={self.msamp_opt_level!r}) must be 'O1' or 'O2'"
+            )
         self.dschf: Any = None
         self._selected = False
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 __all__ = [
     "BETA_CP_AVAILABLE_PYTORCH_VERSION",
+    "BETA_SP_AVAILABLE_DEEPSPEED_VERSION",
     "BETA_TP_AVAILABLE_PYTORCH_VERSION",
     "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION",
     "CUDA_DISTRIBUTED_TYPES",
+    "DEEPSPEED_MULTINODE_LAUNCHERS",
     "DTENSOR_PYTORCH_VERSION",
     "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
     "FSDP2_PYTORCH_VERSION",
@@ -105,6 +107,18 @@ TORCH_LAUNCH_PARAMS = (
 )
 
 # Distributed types (by value) that run on CUDA devices through torch.distributed.
+#: DeepSpeed's multi-node launchers (``--deepspeed_multinode_launcher``).
+DEEPSPEED_MULTINODE_LAUNCHERS = [
+    "pdsh",
+    "standard",
+    "openmpi",
+    "mvapich",
+    "mpich",
+    "nossh",
+    "slurm",
+]
+#: DeepSpeed version with the Ulysses sequence-parallel API Accelerate builds on.
+BETA_SP_AVAILABLE_DEEPSPEED_VERSION = "0.18.2"
 CUDA_DISTRIBUTED_TYPES = ("DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP")
 
 # Distributed types (by value) whose collectives go through torch.distributed.

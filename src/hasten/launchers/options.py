@@ -18,6 +18,7 @@ from typing import Any
 from hasten.config import envvars
 
 __all__ = [
+    "DS_FIELDS_VARIABLE",
     "ENGINE_SWITCHES",
     "LAUNCH_OPTIONS",
     "LaunchOption",
@@ -61,8 +62,10 @@ ENGINE_SWITCHES = {
     "--use_fsdp": "ACCELERATE_USE_FSDP",
     "--use_parallelism_config": "ACCELERATE_USE_PARALLELISM_CONFIG",
     "--use_megatron_lm": "ACCELERATE_USE_MEGATRON_LM",
+    "--use_deepspeed": "ACCELERATE_USE_DEEPSPEED",
 }
 _SWITCH_HELP = {
+    "--use_deepspeed": "Train with DeepSpeed (ZeRO; on CPU over gloo).",
     "--use_fsdp": "Shard with FSDP.",
     "--use_parallelism_config": "Lay the processes out on a ParallelismConfig device mesh.",
     "--use_megatron_lm": "Train with Megatron-LM (megatron-core; CUDA GPUs).",
@@ -78,12 +81,82 @@ _GROUPS = {
         "Megatron-LM (megatron_lm_config in config files; MEGATRON_LM_* variables)",
         "MEGATRON_LM_",
     ),
+    "deepspeed_config": (
+        "DeepSpeed (deepspeed_config in config files; ACCELERATE_DEEPSPEED_* variables)",
+        "ACCELERATE_DEEPSPEED_",
+    ),
 }
 _IMPLIED = {
     "FSDP_": "ACCELERATE_USE_FSDP",
     "PARALLELISM_CONFIG_": "ACCELERATE_USE_PARALLELISM_CONFIG",
     "MEGATRON_LM_": "ACCELERATE_USE_MEGATRON_LM",
+    "ACCELERATE_DEEPSPEED_": "ACCELERATE_USE_DEEPSPEED",
 }
+#: Where the DeepSpeed rows record which settings came from the launcher (a DeepSpeed config
+#: file given as well must not silently override them; `DeepSpeedPlugin` checks).
+DS_FIELDS_VARIABLE = "ACCELERATE_CONFIG_DS_FIELDS"
+
+
+def _deepspeed(name: str, env: str, help_text: str, **kwargs: Any) -> LaunchOption:
+    return LaunchOption(f"--{name}", env, help_text, section="deepspeed_config", **kwargs)
+
+
+_DEEPSPEED_OPTIONS: tuple[LaunchOption, ...] = (
+    _deepspeed("deepspeed_config_file", "ACCELERATE_DEEPSPEED_CONFIG_FILE", "DeepSpeed JSON."),
+    _deepspeed(
+        "zero_stage",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+        "ZeRO stage: 0 (off), 1 (optimizer states), 2 (+gradients), 3 (+parameters).",
+        choices=("0", "1", "2", "3"),
+    ),
+    _deepspeed(
+        "offload_optimizer_device",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+        "Where ZeRO 2/3 keeps optimizer states.",
+        type=str.lower,
+        choices=("none", "cpu", "nvme"),
+    ),
+    _deepspeed(
+        "offload_param_device",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+        "Where ZeRO-3 keeps parameters.",
+        type=str.lower,
+        choices=("none", "cpu", "nvme"),
+    ),
+    _deepspeed(
+        "offload_optimizer_nvme_path",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+        "NVMe folder for optimizer offload.",
+    ),
+    _deepspeed(
+        "offload_param_nvme_path",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
+        "NVMe folder for parameter offload.",
+    ),
+    _deepspeed(
+        "gradient_clipping",
+        "ACCELERATE_GRADIENT_CLIPPING",
+        "Gradient-norm clipping value of the DeepSpeed config.",
+        type=float,
+    ),
+    _deepspeed(
+        "zero3_init_flag",
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT",
+        "Build models already partitioned (ZeRO-3, transformers models).",
+        type=_bool,
+    ),
+    _deepspeed(
+        "zero3_save_16bit_model",
+        "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+        "Gather 16-bit weights when saving a ZeRO-3 model.",
+        type=_bool,
+    ),
+    _deepspeed(
+        "deepspeed_moe_layer_cls_names",
+        "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES",
+        "Comma-separated MoE layer class names (kept whole under ZeRO-3).",
+    ),
+)
 
 
 def _parallelism(name: str, help_text: str, **kwargs: Any) -> LaunchOption:
@@ -212,6 +285,7 @@ LAUNCH_OPTIONS: tuple[LaunchOption, ...] = (
     _megatron("recompute_activations", "Selective activation recomputation.", type=_bool),
     _megatron("use_distributed_optimizer", "Shard optimizer states over dp ranks.", type=_bool),
     _megatron("gradient_clipping", "Global gradient-norm clipping (0 disables).", type=float),
+    *_DEEPSPEED_OPTIONS,
 )
 
 
@@ -241,6 +315,10 @@ def option_env(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, str]:
         value = values.get(option.dest)
         if value is not None:
             env[option.env] = str(value)
+    given = [o.dest for o in _DEEPSPEED_OPTIONS if values.get(o.dest) is not None]
+    if given:
+        env[DS_FIELDS_VARIABLE] = ",".join(given)
+        env.setdefault("ACCELERATE_USE_DEEPSPEED", "true")
     for prefix, switch in _IMPLIED.items():
         if any(name.startswith(prefix) for name in env):
             env.setdefault(switch, "true")

@@ -153,7 +153,18 @@ _TABLE: dict[str, list[str]] = {
     ],
     "hasten.config.dynamo": ["TorchDynamoPlugin"],
     "hasten.config.fsdp": ["FullyShardedDataParallelPlugin"],
-    "hasten.config.deepspeed": ["DeepSpeedPlugin"],
+    "hasten.config.deepspeed": ["DeepSpeedPlugin", "HfDeepSpeedConfig"],
+    "hasten.strategies.deepspeed.dummies": [
+        "DummyOptim",
+        "DummyScheduler",
+        "map_pytorch_optim_to_deepspeed",
+    ],
+    "hasten.strategies.deepspeed.wrappers": [
+        "DeepSpeedEngineWrapper",
+        "DeepSpeedOptimizerWrapper",
+        "DeepSpeedSchedulerWrapper",
+    ],
+    "hasten.strategies.deepspeed.zero": ["GatheredParameters"],
     "hasten.config.megatron": ["MegatronLMPlugin"],
     "hasten.config.megatron_models": ["add_model_config_to_megatron_parser"],
     "hasten.strategies.megatron.data": ["MegatronLMDummyDataLoader", "MegatronLMDummyScheduler"],
@@ -236,6 +247,7 @@ _TABLE: dict[str, list[str]] = {
     ],
     "hasten.training.compile": [
         "compile_regions",
+        "compile_regions_deepspeed",
         "compile_regions_fsdp2",
         "has_compiled_regions",
         "has_repeated_blocks",
@@ -261,7 +273,11 @@ _TABLE: dict[str, list[str]] = {
     "hasten.launchers.prepare": ["PrepareForLaunch"],
     "hasten.launchers.sagemaker": ["prepare_sagemager_args_inputs"],
     "hasten.launchers.xla": ["prepare_tpu"],
-    "hasten.commands.launch": ["prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env"],
+    "hasten.commands.launch": [
+        "prepare_deepspeed_cmd_env",
+        "prepare_multi_gpu_env",
+        "prepare_simple_launcher_cmd_env",
+    ],
     "hasten.commands.config.default": ["write_basic_config"],
     "hasten.logging": ["tqdm"],
     "hasten.big_modeling.sizes": [
@@ -334,14 +350,7 @@ _TABLE: dict[str, list[str]] = {
 
 # Accelerate names whose capability hasten does not provide yet: asking for one raises
 # `CapabilityNotBuiltError` naming the capability. Remove a name when its engine lands.
-_PENDING: dict[str, list[str]] = {
-    "the DeepSpeed engine": [
-        "GatheredParameters",
-        "compile_regions_deepspeed",
-        "deepspeed",
-        "prepare_deepspeed_cmd_env",
-    ],
-}
+_PENDING: dict[str, list[str]] = {}
 
 __getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals(), _PENDING)
 

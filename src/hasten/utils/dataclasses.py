@@ -56,6 +56,7 @@ from hasten.config.megatron_models import (
     parse_t5_config,
 )
 from hasten.config.parallelism import (
+    DeepSpeedSequenceParallelConfig,
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
@@ -84,6 +85,7 @@ __all__ = [
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
+    "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",

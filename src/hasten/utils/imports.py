@@ -4,6 +4,7 @@ Package checks live in `hasten.core.imports`; device checks in `hasten.platforms
 """
 
 from hasten.core.imports import (
+    deepspeed_required,
     is_4bit_bnb_available,
     is_8bit_bnb_available,
     is_aim_available,
@@ -74,6 +75,7 @@ from hasten.platforms.checks import (
 
 __all__ = [
     "USE_TORCH_XLA",
+    "deepspeed_required",
     "is_4bit_bnb_available",
     "is_8bit_bnb_available",
     "is_aim_available",

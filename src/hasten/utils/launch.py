@@ -6,7 +6,11 @@ return what ``hasten launch`` itself uses (`hasten.commands.launch`), TPU and Sa
 preparation live in `hasten.launchers.xla` and `hasten.launchers.sagemaker`.
 """
 
-from hasten.commands.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+from hasten.commands.launch import (
+    prepare_deepspeed_cmd_env,
+    prepare_multi_gpu_env,
+    prepare_simple_launcher_cmd_env,
+)
 from hasten.launchers import debug_launcher, notebook_launcher
 from hasten.launchers.elastic import launch_config, script_command, worker_command
 from hasten.launchers.env import apply_worker_env, setup_fp8_env, worker_env
@@ -29,6 +33,7 @@ __all__ = [
     "install_xla",
     "launch_config",
     "notebook_launcher",
+    "prepare_deepspeed_cmd_env",
     "prepare_extend_env_parallelism_config",
     "prepare_multi_gpu_env",
     "prepare_sagemager_args_inputs",

@@ -46,11 +46,13 @@ from hasten.ops.shapes import (
     TENSOR_TYPE_TO_INT,
     gather_tensor_shape,
 )
+from hasten.strategies.deepspeed.zero import GatheredParameters
 
 __all__ = [
     "CannotPadNestedTensorWarning",
     "ConvertOutputsToFp32",
     "DistributedOperationException",
+    "GatheredParameters",
     "TENSOR_INT_TO_DTYPE",
     "TENSOR_TYPE_TO_INT",
     "TensorInformation",

@@ -48,6 +48,7 @@ from hasten.strategies.unwrap import (
 )
 from hasten.training.compile import (
     compile_regions,
+    compile_regions_deepspeed,
     compile_regions_fsdp2,
     has_compiled_regions,
     has_repeated_blocks,
@@ -59,6 +60,7 @@ __all__ = [
     "check_os_kernel",
     "clean_state_dict_for_safetensors",
     "compile_regions",
+    "compile_regions_deepspeed",
     "compile_regions_fsdp2",
     "convert_bytes",
     "extract_model_from_parallel",
