@@ -197,3 +197,36 @@ def test_pre_sharded_models_are_accepted_unchanged() -> None:
     for result in run_distributed(_pre_sharded, False, world_size=2, timeout=90):
         assert "already sharded with tensor-parallel degree 4" in result["error"]
         assert "tp_size=2" in result["error"]
+
+
+def _accumulate(tp_size: int) -> list[list[float]]:
+    from hasten import Accelerator
+    from hasten.config.parallelism import ParallelismConfig
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    accelerator = Accelerator(
+        parallelism_config=ParallelismConfig(tp_size=tp_size) if tp_size > 1 else None,
+        gradient_accumulation_steps=2,
+        mixed_precision="bf16",
+    )
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for ids, _ in _batches() * 2:
+        with accelerator.accumulate(model):
+            accelerator.backward(_loss(model, ids))
+            optimizer.step()
+            optimizer.zero_grad()
+    return accelerator.get_state_dict(model)["head.weight"].tolist()
+
+
+@pytest.mark.timeout(180)
+def test_tensor_parallel_with_accumulation_and_bf16_matches_one_process() -> None:
+    reference = _accumulate(1)
+    from hasten.state._shared import reset_state
+
+    reset_state()
+    for weights in run_distributed(_accumulate, 2, world_size=2, timeout=150):
+        torch.testing.assert_close(
+            torch.tensor(weights), torch.tensor(reference), rtol=2e-2, atol=2e-3
+        )

@@ -49,7 +49,11 @@ TP_STYLES = {
     "rowwise": "shard the input features (embeddings: the vocabulary); the output is all-reduced",
     "colwise_rep": "shard the output features, then gather the output on every process",
     "rowwise_rep": "take a replicated input, shard the input features; the output is all-reduced",
-    "sequence_parallel": "shard activations along the sequence dimension (norms, dropout)",
+    "sequence_parallel": (
+        "norms/dropout on activations sharded along the sequence dimension; the layers around "
+        "it must produce and take sequence-sharded tensors (e.g. RowwiseParallel("
+        "output_layouts=Shard(1)) objects in the plan)"
+    ),
 }
 
 
