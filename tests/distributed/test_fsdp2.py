@@ -278,3 +278,37 @@ def test_cpu_ram_efficient_loading_broadcasts_rank0_weights() -> None:
     expected = TinyTransformer().state_dict()
     for key, value in expected.items():
         assert torch.equal(torch.tensor(results[0]["state"][key]), value), key
+
+
+def _load_from_one_process(folder: str) -> dict[str, Any]:
+    accelerator = _accelerator("fsdp2")
+    torch.manual_seed(5)  # other weights than the checkpoint's
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # one process saved one RNG file: process 1 has none to restore (strict=False warns)
+    accelerator.load_state(folder, strict=accelerator.process_index == 0)
+    state = accelerator.get_state_dict(model)
+    steps = {int(s["step"]) for s in optimizer.state.values()}
+    train(accelerator, model, optimizer, 1)  # the loaded optimizer state steps
+    return {"state": {k: v.tolist() for k, v in state.items()}, "steps": sorted(steps)}
+
+
+@pytest.mark.timeout(120)
+def test_one_process_checkpoint_resumes_on_two_fsdp2_processes(tmp_path: Path) -> None:
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    train(accelerator, model, optimizer, 3)
+    accelerator.save_state(str(tmp_path / "one"))
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    results = run_distributed(
+        _load_from_one_process, str(tmp_path / "one"), world_size=2, timeout=60
+    )
+    for key, value in expected.items():
+        assert torch.equal(torch.tensor(results[0]["state"][key]), value), key
+    assert results[0]["steps"] == [3] and results[1]["steps"] == [3]

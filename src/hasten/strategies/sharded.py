@@ -16,8 +16,9 @@ from torch import nn
 from typing_extensions import override
 
 from hasten.strategies.base import Strategy
+from hasten.strategies.rebind import canonical_name
 
-__all__ = ["ShardedStrategy", "inner_optimizer", "state_dict_options"]
+__all__ = ["ShardedStrategy", "by_name", "inner_optimizer", "state_dict_options"]
 
 
 def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -37,6 +38,34 @@ def state_dict_options(*, full: bool, cpu_offload: bool, strict: bool = True) ->
         broadcast_from_rank0=True,
         strict=strict,
     )
+
+
+def by_name(module: nn.Module, optimizer: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A torch-format optimizer state dict (parameters numbered) keyed by parameter name instead.
+
+    Lets a checkpoint of an unsharded run (one process, DDP) load into a sharded optimizer.
+
+    Raises:
+        ValueError: the saved groups hold another number of parameters than the optimizer.
+    """
+    groups = state_dict.get("param_groups", [])
+    saved = [i for group in groups for i in group.get("params", [])]
+    if not saved or not all(isinstance(i, int) for i in saved):
+        return state_dict
+    names = {id(p): canonical_name(n) for n, p in module.named_parameters()}
+    current = [names.get(id(p)) for group in optimizer.param_groups for p in group["params"]]
+    if len(current) != len(saved) or None in current:
+        raise ValueError(
+            f"The checkpoint's optimizer holds {len(saved)} parameters but this optimizer holds "
+            f"{len(current)} of the model's; load a checkpoint of the same model and optimizer."
+        )
+    rename = dict(zip(saved, current))
+    return {
+        "state": {rename[k]: v for k, v in state_dict.get("state", {}).items()},
+        "param_groups": [
+            {**group, "params": [rename[i] for i in group["params"]]} for group in groups
+        ],
+    }
 
 
 class ShardedStrategy(Strategy):
@@ -100,9 +129,10 @@ class ShardedStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         options = state_dict_options(full=full, cpu_offload=self.full_offload)
-        set_optimizer_state_dict(
-            self._module(model), inner_optimizer(optimizer), state_dict, options=options
-        )
+        module, inner = self._module(model), inner_optimizer(optimizer)
+        if full:
+            state_dict = by_name(module, inner, state_dict)
+        set_optimizer_state_dict(module, inner, state_dict, options=options)
 
     @override
     def clip_grad_norm_(
