@@ -131,26 +131,43 @@ def _style(name: str, value: Any, module: nn.Module) -> Any:
     return styles[value]()
 
 
+def _sharded_dim(module: nn.Module, style: str) -> tuple[str, int] | None:
+    """The (attribute, size) a named style splits on ``module``, or None when it splits none."""
+    colwise = style.startswith("colwise")
+    if isinstance(module, nn.Linear) and style in (
+        "colwise",
+        "colwise_rep",
+        "rowwise",
+        "rowwise_rep",
+    ):
+        return (
+            ("out_features", module.out_features)
+            if colwise
+            else ("in_features", module.in_features)
+        )
+    if isinstance(module, nn.Embedding) and style in (
+        "colwise",
+        "colwise_rep",
+        "rowwise",
+        "rowwise_rep",
+    ):
+        if colwise:
+            return "embedding_dim", module.embedding_dim
+        return "num_embeddings", module.num_embeddings
+    return None
+
+
 def _check_divides(name: str, module: nn.Module, value: Any, tp_size: int) -> None:
     """Sharded dimensions must split evenly over the tensor-parallel processes."""
-    dims: dict[str, int] = {}
-    if isinstance(module, nn.Linear):
-        dims = {"out_features": module.out_features, "in_features": module.in_features}
-        dims = {"out_features": dims["out_features"]} if "colwise" in str(value) else dims
-        dims = {"in_features": module.in_features} if "rowwise" in str(value) else dims
-    elif isinstance(module, nn.Embedding):
-        dims = {"embedding_dim" if "colwise" in str(value) else "num_embeddings": 0}
-        key = next(iter(dims))
-        dims[key] = module.embedding_dim if key == "embedding_dim" else module.num_embeddings
-    if not isinstance(value, str) or value == "sequence_parallel":
+    found = _sharded_dim(module, value) if isinstance(value, str) else None
+    if found is None or found[1] % tp_size == 0:
         return
-    for dim, size in dims.items():
-        if size % tp_size != 0:
-            raise ValueError(
-                f"tp_plan[{name!r}] = {value!r} shards {type(module).__name__}.{dim} = {size} "
-                f"over tp_size={tp_size}, which does not divide it; pick a tp_size that divides "
-                f"{size} (e.g. {math.gcd(size, tp_size)}) or leave this module out of the plan"
-            )
+    dim, size = found
+    raise ValueError(
+        f"tp_plan[{name!r}] = {value!r} shards {type(module).__name__}.{dim} = {size} "
+        f"over tp_size={tp_size}, which does not divide it; pick a tp_size that divides "
+        f"{size} (e.g. {math.gcd(size, tp_size)}) or leave this module out of the plan"
+    )
 
 
 def resolve_tp_plan(model: nn.Module, plan: Mapping[str, Any], tp_size: int) -> dict[str, Any]:
