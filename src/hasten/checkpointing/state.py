@@ -284,6 +284,8 @@ def _engine_save(engine: EngineCheckpoint, plan: SavePlan, state: PartialState) 
     own = {job.name for job in plan.jobs}
     names = [n for n in engine_file_names(plan.staging) if n not in own]
     plan.adopted = names[state.process_index :: state.num_processes]
+    # every process lists the same files: none writes its own (RNG, ...) before all have listed
+    state.wait_for_everyone()
 
 
 def finish_async_save(pending: PendingSave) -> Path:
