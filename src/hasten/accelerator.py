@@ -228,7 +228,8 @@ class Accelerator:
         cpu: force the CPU even when an accelerator is present.
         dataloader_config: how data loaders are sharded (`DataLoaderConfiguration`).
         deepspeed_plugin: DeepSpeed settings (accepted and validated; engine not wired yet).
-        fsdp_plugin: FSDP settings (accepted and validated; engine not wired yet).
+        fsdp_plugin: FSDP settings: FSDP2 (``fully_shard``) or FSDP1 shards the prepared models
+            over the processes (CPU processes too, over gloo).
         torch_tp_plugin: tensor-parallel settings (deprecated upstream; stored only).
         megatron_lm_plugin: Megatron-LM settings (accepted and validated; not wired yet).
         rng_types: RNGs synchronised at each epoch start ("torch", "cuda", "generator", ...).

@@ -61,10 +61,16 @@ def _run(
     }
 
 
+@functools.cache
+def _ddp(steps: int, mixed_precision: str) -> list[dict[str, Any]]:
+    """The DDP reference of one setting, computed once per test session."""
+    return run_distributed(_run, "ddp", steps, mixed_precision, world_size=2, timeout=90)
+
+
 def _compare(
     engine: str, steps: int, mixed_precision: str, atol: float, folder: str | None = None, **kw: Any
 ) -> list[dict[str, Any]]:
-    ddp = run_distributed(_run, "ddp", steps, mixed_precision, world_size=2, timeout=90)
+    ddp = _ddp(steps, mixed_precision)
     sharded = run_distributed(
         functools.partial(_run, **kw),
         engine,
