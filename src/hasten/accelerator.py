@@ -1268,6 +1268,7 @@ class Accelerator:
         self._checkpoints.finish()
         self._trackers.finish()
         self.wait_for_everyone()
+        self.strategy.release()  # engines (DeepSpeed) go before the group they use
         self.state.destroy_process_group()
 
     def __repr__(self) -> str:

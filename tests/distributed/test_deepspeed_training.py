@@ -96,6 +96,9 @@ def _train(stage: int, bf16: bool = False) -> dict[str, Any]:
         accelerator.clip_grad_norm_(model.parameters(), 2.0)
     held, total = _sharding(model, stage)
     weights = accelerator.get_state_dict(model)
+    steps = model.global_steps
+    accelerator.end_training()  # engines are destroyed before the process group
+    assert accelerator.strategy.engines == []  # type: ignore[attr-defined]
     return {
         "held": held,
         "total": total,
@@ -105,7 +108,7 @@ def _train(stage: int, bf16: bool = False) -> dict[str, Any]:
         "dtype": str(next(accelerator.unwrap_model(model).parameters()).dtype),
         "mixed_precision": accelerator.mixed_precision,
         "scaler": accelerator.scaler,
-        "steps": model.global_steps,
+        "steps": steps,
     }
 
 

@@ -135,6 +135,9 @@ class Strategy:
         """The run's accumulation steps (engines whose config sets them may differ or refuse)."""
         return requested
 
+    def release(self) -> None:
+        """Free what the engine holds (hooks, threads, buffers) while the process group lives."""
+
     def backward_fn(self, num_steps: int, scale: Callable[[Any], Any] | None) -> BackwardFn | None:
         """Return a backward the engine owns (e.g. DeepSpeed's), or None for hasten's own."""
         return None

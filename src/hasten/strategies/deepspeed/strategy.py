@@ -8,8 +8,10 @@ scaling and clipping, steps the optimizer and the scheduler: the Accelerator add
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -57,6 +59,12 @@ def is_deepspeed_engine(module: Any) -> bool:
     """Whether ``module`` is a `deepspeed.DeepSpeedEngine` (without importing deepspeed)."""
     runtime = sys.modules.get("deepspeed.runtime.engine")
     return runtime is not None and isinstance(module, runtime.DeepSpeedEngine)
+
+
+def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
+    bound = method()
+    if bound is not None:
+        bound()
 
 
 def ensure_process_group(backend: str | None) -> None:
@@ -195,6 +203,10 @@ class DeepSpeedStrategy(Strategy):
         engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
             dist_init_required=False, **kwargs
         )
+        if not self.engines:
+            # At interpreter exit, engines go first (atexit runs before module teardown, in
+            # reverse order of registration: after torch's own exit handlers were registered).
+            atexit.register(_call_if_alive, weakref.WeakMethod(self.release_at_exit))
         self.engines.append(engine)
         if ds_optimizer is not None:
             self._trainer = DeepSpeedEngineWrapper(engine)
@@ -360,11 +372,17 @@ class DeepSpeedStrategy(Strategy):
             if path is None:
                 raise RuntimeError(f"DeepSpeed could not load {folder / tag}.")
 
+    @override
     def release(self) -> None:
         """Destroy the engines (ZeRO-3 hooks and threads) before the process group goes."""
         release_engines(self.engines)
         self.engines.clear()
         self._trainer = None
+
+    def release_at_exit(self) -> None:
+        """`release`, for the interpreter's exit (engines still alive: no end_training)."""
+        if self.engines:
+            self.release()
 
     @override
     def __repr__(self) -> str:
