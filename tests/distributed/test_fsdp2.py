@@ -122,7 +122,20 @@ def _resume(folder: str, phase: str) -> dict[str, Any]:
     return {"losses": train(accelerator, model, optimizer, 3, clip=1.0, start=3)}
 
 
-@pytest.mark.timeout(200)
+def _load_damaged(folder: str) -> str:
+    from hasten.checkpointing.manifest import CorruptCheckpointError
+
+    accelerator = _accelerator("fsdp2")
+    model = TinyTransformer()
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    try:
+        accelerator.load_state(folder)
+    except CorruptCheckpointError as exc:
+        return str(exc)
+    return "loaded"
+
+
+@pytest.mark.timeout(240)
 def test_fsdp2_sharded_save_state_resumes_exactly_and_on_one_process(tmp_path: Path) -> None:
     folder = str(tmp_path / "ckpt")
     full = run_distributed(_resume, folder, "full", world_size=2, timeout=60)
@@ -134,6 +147,17 @@ def test_fsdp2_sharded_save_state_resumes_exactly_and_on_one_process(tmp_path: P
     resumed = run_distributed(_resume, folder, "resume", world_size=2, timeout=60)
     assert resumed[0]["losses"] == full[0]["losses"][3:]  # bitwise
     assert resumed[1]["losses"] == full[1]["losses"][3:]
+    # each process verifies half of the shards; a damaged one stops both
+    import shutil
+
+    damaged = tmp_path / "damaged2"
+    shutil.copytree(folder, damaged)
+    for part in (damaged / "optimizer_0").glob("__*_0.distcp"):
+        data = bytearray(part.read_bytes())
+        data[-1] ^= 0xFF
+        part.write_bytes(bytes(data))
+    errors = run_distributed(_load_damaged, str(damaged), world_size=2, timeout=60)
+    assert all("is damaged" in e for e in errors), errors
     # 2 -> 1: one process (no process group) loads the shards into a plain model
     from hasten import Accelerator
 

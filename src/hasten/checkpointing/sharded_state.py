@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from hasten.checkpointing import checksum
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
+from hasten.ops.collectives import gather_object
 from hasten.state import PartialState
 
 __all__ = [
@@ -153,8 +154,20 @@ def _verify(folder: Path, part: str, manifest: dict[str, Any] | None) -> None:
                 "Load an earlier checkpoint."
             )
 
-    with ThreadPoolExecutor(4, "hasten-verify") as pool:
-        list(pool.map(check, records))
+    # Each process verifies its share of the files, then all agree: every file is checked
+    # once, whatever the number of processes, and a damaged one stops every process.
+    state = PartialState()
+    share = records[state.process_index :: state.num_processes] if _distributed() else records
+    problem = ""
+    try:
+        with ThreadPoolExecutor(4, "hasten-verify") as pool:
+            list(pool.map(check, share))
+    except CorruptCheckpointError as exc:
+        problem = str(exc)
+    found = [m for m in gather_object([problem]) if m] if _distributed() else [problem]
+    found = [m for m in found if m]
+    if found:
+        raise CorruptCheckpointError(found[0])
 
 
 def _mismatch_error(what: str, folder: Path, exc: BaseException) -> ValueError:
