@@ -73,21 +73,33 @@ def resolve_parallelism_config(parallelism_config: Any, torch_tp_plugin: Any) ->
     return parallelism_config
 
 
+def _check_deepspeed(config: ParallelismConfig) -> None:
+    """DeepSpeed takes plain data parallelism (ZeRO shards over every process) and nothing else."""
+    refused = [
+        f"{dim}_size={getattr(config, f'{dim}_size')}"
+        for dim in ("tp", "cp", "sp")
+        if getattr(config, f"{dim}_enabled")
+    ]
+    if refused:
+        raise ValueError(
+            f"ParallelismConfig({', '.join(refused)}) cannot be used with DeepSpeed: hasten's "
+            "DeepSpeed engine takes only data-parallel dimensions from ParallelismConfig (ZeRO "
+            "shards over every process; DeepSpeed's Ulysses sequence parallelism is not wired). "
+            "Use FSDP2 (fsdp_plugin) for tensor/context parallelism, or set these sizes to 1."
+        )
+    if config.dp_replicate_enabled and config.dp_shard_enabled:
+        raise ValueError(
+            f"ParallelismConfig(dp_replicate_size={config.dp_replicate_size}, dp_shard_size="
+            f"{config.dp_shard_size}) cannot be used with DeepSpeed: ZeRO shards over every "
+            "process, so a replicate x shard (HSDP) layout would be ignored. Use FSDP2 for HSDP, "
+            "or give DeepSpeed one data-parallel dimension."
+        )
+
+
 def _check_engine(config: ParallelismConfig, *, is_fsdp2: bool, deepspeed: bool) -> None:
     """Refuse dimensions the chosen engine cannot honour (never silently train DDP instead)."""
     if deepspeed:
-        refused = [
-            f"{dim}_size={getattr(config, f'{dim}_size')}"
-            for dim in ("tp", "cp")
-            if getattr(config, f"{dim}_enabled")
-        ]
-        if refused:
-            raise ValueError(
-                f"ParallelismConfig({', '.join(refused)}) cannot be used with DeepSpeed: "
-                "DeepSpeed takes only data-parallel and sequence-parallel (sp_size) dimensions "
-                "from ParallelismConfig. Use FSDP2 (fsdp_plugin) for tensor/context "
-                "parallelism, or set tp_size/cp_size to 1."
-            )
+        _check_deepspeed(config)
         return
     if config.sp_enabled:
         raise ValueError(

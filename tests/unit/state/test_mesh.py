@@ -99,6 +99,16 @@ def _build(config: ParallelismConfig, processes: int = 2, **kwargs: object) -> o
             r"sp_size=2\) needs DeepSpeed",
         ),
         (
+            ParallelismConfig(sp_size=2),
+            {"processes": 2, "deepspeed": True},
+            r"sp_size=2\) cannot be used with DeepSpeed: .*Ulysses sequence parallelism is not",
+        ),
+        (
+            ParallelismConfig(dp_replicate_size=2, dp_shard_size=2),
+            {"processes": 4, "deepspeed": True},
+            r"replicate x shard \(HSDP\) layout would be ignored",
+        ),
+        (
             ParallelismConfig(dp_shard_size=2),
             {"processes": 2},
             r"dp_shard_size=2\) shards parameters with FSDP2, but FSDP2 is not enabled",
@@ -116,9 +126,6 @@ def test_layouts_the_job_cannot_run_are_refused(
 def test_nothing_to_lay_out_builds_no_mesh() -> None:
     assert _build(None, 1) is None  # type: ignore[arg-type]
     assert _build(ParallelismConfig(), 1) is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert _build(ParallelismConfig(sp_size=2), 2, deepspeed=True) is None
 
 
 @pytest.fixture
