@@ -696,9 +696,13 @@ class Accelerator:
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _batch_sizes(self, loaders: list[Any]) -> list[int]:
-        """Per-process batch sizes of ``loaders`` (or of the loaders prepared before)."""
-        sizes = [d.batch_size for d in loaders or self._dataloaders if d.batch_size is not None]
-        return [s // self.num_processes for s in sizes] if self.split_batches else sizes
+        """Per-process batch sizes of ``loaders`` (or of those of an earlier prepare call)."""
+        if not loaders:
+            return list(getattr(self, "_loader_batch_sizes", []))
+        sizes = [d.batch_size for d in loaders if d.batch_size is not None]
+        sizes = [s // self.num_processes for s in sizes] if self.split_batches else sizes
+        self._loader_batch_sizes = sizes
+        return sizes
 
     @property
     def deepspeed_engine_wrapped(self) -> Any:

@@ -142,3 +142,42 @@ def test_bf16_trains_in_bf16_close_to_fp32() -> None:
     expected = reference_weights(world_size=2)
     for key, value in expected.items():
         torch.testing.assert_close(torch.from_numpy(main["weights"][key]), value, rtol=0, atol=3e-2)
+
+
+def _student_and_teacher() -> dict[str, Any]:
+    from hasten import Accelerator
+    from hasten.utils import DeepSpeedPlugin
+
+    plugins = {
+        "student": DeepSpeedPlugin(zero_stage=2, gradient_clipping=1.0),
+        "teacher": DeepSpeedPlugin(zero_stage=3),
+    }
+    accelerator = Accelerator(deepspeed_plugins=plugins)
+    student, teacher = make_model(), make_model()
+    optimizer = torch.optim.AdamW(student.parameters(), lr=LR)
+    loader = torch.utils.data.DataLoader(make_data(), batch_size=BATCH)
+    student, optimizer, loader = accelerator.prepare(student, optimizer, loader)
+    accelerator.state.select_deepspeed_plugin("teacher")
+    teacher = accelerator.prepare(teacher)  # an inference engine with its own (ZeRO-3) config
+    teacher.eval()
+    first = None
+    for x, _ in loader:
+        with torch.no_grad():
+            target = teacher(x)
+        loss = torch.nn.functional.mse_loss(student(x), target + 1)
+        accelerator.backward(loss)
+        optimizer.step()
+        first = loss.item() if first is None else first
+    return {
+        "stages": (student.zero_optimization_stage(), teacher.zero_optimization_stage()),
+        "teacher_sharding": _sharding(teacher, 3),
+        "improved": loss.item() < first,
+    }
+
+
+def test_two_models_with_two_named_configs() -> None:
+    for result in run_distributed(_student_and_teacher, world_size=2, timeout=240):
+        assert result["stages"] == (2, 3)
+        held, total = result["teacher_sharding"]  # ZeRO-3: this process's partition only
+        assert total / 2 <= held <= total / 2 + 64
+        assert result["improved"]

@@ -208,8 +208,10 @@ class DeepSpeedStrategy(Strategy):
             # reverse order of registration: after torch's own exit handlers were registered).
             atexit.register(_call_if_alive, weakref.WeakMethod(self.release_at_exit))
         self.engines.append(engine)
-        if ds_optimizer is not None:
-            self._trainer = DeepSpeedEngineWrapper(engine)
+        if optimizer is None:
+            # an inference engine: ZeRO-3 still returns its parameter-offload "optimizer"
+            return engine, None, None
+        self._trainer = DeepSpeedEngineWrapper(engine)
         return engine, ds_optimizer, ds_scheduler
 
     @override
