@@ -108,22 +108,3 @@ def test_invert_table_refuses_a_name_listed_twice() -> None:
 def test_capability_error_is_an_import_error() -> None:
     assert issubclass(CapabilityNotBuiltError, ImportError)
     assert not issubclass(CapabilityNotBuiltError, AttributeError)
-
-
-def _utils_pending() -> list[tuple[str, str]]:
-    import hasten.utils
-
-    return [
-        (capability, name) for capability, names in hasten.utils._PENDING.items() for name in names
-    ]
-
-
-@pytest.mark.parametrize(("capability", "name"), _utils_pending())
-def test_utils_pending_name_raises_naming_its_capability(capability: str, name: str) -> None:
-    import hasten.utils
-
-    with pytest.raises(CapabilityNotBuiltError) as info:
-        getattr(hasten.utils, name)
-    assert capability in str(info.value), "the error names the capability"
-    assert f"hasten.utils.{name}" in str(info.value)
-    assert name not in hasten.utils.__all__

@@ -108,7 +108,10 @@ def test_execute_subprocess_async_streams_and_raises_with_stderr() -> None:
 def test_execute_subprocess_async_runs_hasten_launch(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(
-        "from hasten import PartialState\nprint('rank', PartialState().process_index)\n"
+        # One os.write per line: both workers share the pipe, and a single short write is
+        # atomic where print's separate writes can interleave ("rankrank 1").
+        "import os\nfrom hasten import PartialState\n"
+        "os.write(1, f'rank {PartialState().process_index}\\n'.encode())\n"
     )
     cmd = [
         sys.executable,
