@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from typing import Any, TypeVar
@@ -61,7 +62,6 @@ from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
 from hasten.strategies import DDPStrategy, Strategy, select_strategy
-from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from hasten.tracking.manager import TrackerManager
 from hasten.training import context_parallel, metrics, profiling
 from hasten.training.accumulation import GradientAccumulator
@@ -202,16 +202,25 @@ def _resolve_deepspeed(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
     return deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
 
 
+def _is_deepspeed_dummy(obj: Any, class_name: str) -> bool:
+    """``obj`` is a `DummyOptim` / `DummyScheduler` (they stand for a DeepSpeed config's optimizer
+    / scheduler). Read from ``sys.modules`` so that importing hasten never loads the DeepSpeed
+    strategy package: nobody can hold a dummy before its module was imported."""
+    dummies = sys.modules.get("hasten.strategies.deepspeed.dummies")
+    return dummies is not None and isinstance(obj, getattr(dummies, class_name))
+
+
 def _kind(obj: Any) -> str:
     """What prepare() does with ``obj``: "model", "optimizer", "scheduler", "data_loader", "other"."""
     if isinstance(obj, nn.Module):
         return "model"
-    # DummyOptim / DummyScheduler stand for a DeepSpeed config's optimizer / scheduler
-    if isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
+    if isinstance(obj, torch.optim.Optimizer) or _is_deepspeed_dummy(obj, "DummyOptim"):
         return "optimizer"
     if isinstance(obj, torch.utils.data.DataLoader):
         return "data_loader"
-    if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler)):
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or _is_deepspeed_dummy(
+        obj, "DummyScheduler"
+    ):
         return "scheduler"
     return "other"
 

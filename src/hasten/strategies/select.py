@@ -13,9 +13,7 @@ from hasten.config.enums import DistributedType
 from hasten.state.engine import EngineChoice
 from hasten.strategies.base import Strategy
 from hasten.strategies.ddp import DDPStrategy, DDPWrapSettings
-from hasten.strategies.deepspeed import DeepSpeedStrategy
 from hasten.strategies.single import SingleDeviceStrategy
-from hasten.strategies.tensor_parallel import TensorParallelStrategy
 from hasten.strategies.unwired import UnwiredStrategy
 
 __all__ = ["select_strategy"]
@@ -87,6 +85,8 @@ def _tensor_parallel(config: Any) -> Strategy | None:
         return None
     if config.dp_shard_enabled or config.cp_enabled or config.sp_enabled:
         return None  # composed with FSDP2 / context parallelism: the FSDP2 strategy's job
+    from hasten.strategies.tensor_parallel import TensorParallelStrategy  # only for tp runs
+
     return TensorParallelStrategy(config.device_mesh)
 
 
@@ -139,6 +139,8 @@ def select_strategy(
 
         return MegatronStrategy(choice.megatron_lm_plugin, world_size)
     if kind == DistributedType.DEEPSPEED:
+        from hasten.strategies.deepspeed import DeepSpeedStrategy  # only for DeepSpeed runs
+
         return DeepSpeedStrategy(_active_deepspeed_plugin, "gloo" if device.type == "cpu" else None)
     if kind in _UNWIRED_TYPES:
         return UnwiredStrategy(_UNWIRED_TYPES[kind])
