@@ -251,7 +251,7 @@ def test_kill_9_during_a_sharded_save_leaves_nothing_loadable(tmp_path: Path) ->
     assert layout.newest_complete_checkpoint(tmp_path) is None
 
 
-def _helpers(folder: str) -> bool:
+def _helpers(folder: str, use_dcp: bool) -> bool:
     from hasten.checkpointing.fsdp_utils import (
         load_fsdp_model,
         load_fsdp_optimizer,
@@ -266,22 +266,33 @@ def _helpers(folder: str) -> bool:
     model, optimizer = accelerator.prepare(model, optimizer)
     train(accelerator, model, optimizer, 2)
     before = accelerator.get_state_dict(model)
-    save_fsdp_model(plugin, accelerator, model, folder)
-    save_fsdp_optimizer(plugin, accelerator, optimizer, model, folder)
+    if not use_dcp:  # full files: one torch file gathered on rank 0
+        plugin.set_state_dict_type("FULL_STATE_DICT")
+    save_fsdp_model(plugin, accelerator, model, folder, use_dcp=use_dcp)
+    save_fsdp_optimizer(plugin, accelerator, optimizer, model, folder, use_dcp=use_dcp)
+    accelerator.wait_for_everyone()  # full files are written by rank 0 only
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-    load_fsdp_model(plugin, accelerator, model, folder)
-    load_fsdp_optimizer(plugin, accelerator, optimizer, model, folder)
+    load_fsdp_model(plugin, accelerator, model, folder, use_dcp=use_dcp)
+    load_fsdp_optimizer(plugin, accelerator, optimizer, model, folder, use_dcp=use_dcp)
     after = accelerator.get_state_dict(model)
     return all(torch.equal(after[k], v) for k, v in before.items())
 
 
 @pytest.mark.timeout(120)
-def test_save_and_load_fsdp_model_helpers(tmp_path: Path) -> None:
-    assert run_distributed(_helpers, str(tmp_path), world_size=2, timeout=60) == [True, True]
-    assert (tmp_path / "pytorch_model_fsdp_0" / ".metadata").is_file()
-    assert (tmp_path / "optimizer_0" / ".metadata").is_file()
+@pytest.mark.parametrize("use_dcp", [True, False])
+def test_save_and_load_fsdp_model_helpers(tmp_path: Path, use_dcp: bool) -> None:
+    result = run_distributed(_helpers, str(tmp_path), use_dcp, world_size=2, timeout=60)
+    assert result == [True, True]
+    if use_dcp:
+        assert (tmp_path / "pytorch_model_fsdp_0" / ".metadata").is_file()
+        assert (tmp_path / "optimizer_0" / ".metadata").is_file()
+    else:
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "optimizer.bin",
+            "pytorch_model_fsdp.bin",
+        ]
 
 
 def _efficient_loading() -> dict[str, Any]:

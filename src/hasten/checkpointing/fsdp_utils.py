@@ -133,17 +133,13 @@ def save_fsdp_model(
     """Save ``model``: sharded into ``pytorch_model_fsdp_<i>/`` or full from rank 0."""
     _adapter_refused(adapter_only)
     strategy = _strategy(fsdp_plugin, accelerator)
-    if _sharded(strategy.plugin, use_dcp):
-        _dcp(
-            "save",
-            strategy.model_state_dict(model, full=False),
-            Path(output_dir) / sharded_model_dir(model_index),
-        )
-        return
-    state = strategy.model_state_dict(model, full=True)
-    if PartialState().is_main_process:
-        os.makedirs(output_dir, exist_ok=True)
-        torch.save(state, Path(output_dir) / _full_file(FSDP_MODEL_NAME, model_index))
+    _save(
+        strategy,
+        use_dcp,
+        lambda full: strategy.model_state_dict(model, full=full),
+        Path(output_dir) / sharded_model_dir(model_index),
+        Path(output_dir) / _full_file(FSDP_MODEL_NAME, model_index),
+    )
 
 
 def load_fsdp_model(
@@ -158,14 +154,14 @@ def load_fsdp_model(
     """Load what `save_fsdp_model` wrote (sharded: on any number of processes)."""
     _adapter_refused(adapter_only)
     strategy = _strategy(fsdp_plugin, accelerator)
-    if _sharded(strategy.plugin, use_dcp):
-        state = strategy.model_state_dict(model, full=False)
-        _dcp("load", state, Path(input_dir) / sharded_model_dir(model_index))
-        strategy.load_model_state_dict(model, state, full=False)
-        return
-    path = Path(input_dir) / _full_file(FSDP_MODEL_NAME, model_index)
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    strategy.load_model_state_dict(model, state, full=True)
+    _load(
+        strategy,
+        use_dcp,
+        lambda full: strategy.model_state_dict(model, full=full),
+        lambda state, full: strategy.load_model_state_dict(model, state, full=full),
+        Path(input_dir) / sharded_model_dir(model_index),
+        Path(input_dir) / _full_file(FSDP_MODEL_NAME, model_index),
+    )
 
 
 def save_fsdp_optimizer(
@@ -179,17 +175,13 @@ def save_fsdp_optimizer(
 ) -> None:
     """Save ``optimizer``'s state keyed by parameter name: sharded (DCP) or full from rank 0."""
     strategy = _strategy(fsdp_plugin, accelerator)
-    if _sharded(strategy.plugin, use_dcp):
-        _dcp(
-            "save",
-            strategy.optimizer_state_dict(model, optimizer, full=False),
-            Path(output_dir) / sharded_optimizer_dir(optimizer_index),
-        )
-        return
-    state = strategy.optimizer_state_dict(model, optimizer, full=True)
-    if PartialState().is_main_process:
-        os.makedirs(output_dir, exist_ok=True)
-        torch.save(state, Path(output_dir) / _full_file(OPTIMIZER_NAME, optimizer_index))
+    _save(
+        strategy,
+        use_dcp,
+        lambda full: strategy.optimizer_state_dict(model, optimizer, full=full),
+        Path(output_dir) / sharded_optimizer_dir(optimizer_index),
+        Path(output_dir) / _full_file(OPTIMIZER_NAME, optimizer_index),
+    )
 
 
 def load_fsdp_optimizer(
@@ -205,14 +197,14 @@ def load_fsdp_optimizer(
     """Load what `save_fsdp_optimizer` wrote."""
     _adapter_refused(adapter_only)
     strategy = _strategy(fsdp_plugin, accelerator)
-    if _sharded(strategy.plugin, use_dcp):
-        state = strategy.optimizer_state_dict(model, optimizer, full=False)
-        _dcp("load", state, Path(input_dir) / sharded_optimizer_dir(optimizer_index))
-        strategy.load_optimizer_state_dict(model, optimizer, state, full=False)
-        return
-    path = Path(input_dir) / _full_file(OPTIMIZER_NAME, optimizer_index)
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    strategy.load_optimizer_state_dict(model, optimizer, state, full=True)
+    _load(
+        strategy,
+        use_dcp,
+        lambda full: strategy.optimizer_state_dict(model, optimizer, full=full),
+        lambda state, full: strategy.load_optimizer_state_dict(model, optimizer, state, full=full),
+        Path(input_dir) / sharded_optimizer_dir(optimizer_index),
+        Path(input_dir) / _full_file(OPTIMIZER_NAME, optimizer_index),
+    )
 
 
 def fsdp2_prepare_model(accelerator: Any, model: nn.Module) -> nn.Module:
@@ -306,3 +298,40 @@ def ensure_weights_retied(param_init_fn: Any, model: nn.Module, device: torch.de
         return result
 
     return init_and_retie
+
+
+def _save(
+    strategy: Any,
+    use_dcp: bool,
+    state_of: Callable[[bool], dict[str, Any]],
+    sharded_dir: Path,
+    full_path: Path,
+) -> None:
+    """Write ``state_of(full)``: DCP shards from every process, or one torch file from rank 0."""
+    if _sharded(strategy.plugin, use_dcp):
+        _dcp("save", state_of(False), sharded_dir)
+        return
+    state = state_of(True)
+    if PartialState().is_main_process:
+        os.makedirs(full_path.parent, exist_ok=True)
+        torch.save(state, full_path)
+
+
+def _load(
+    strategy: Any,
+    use_dcp: bool,
+    state_of: Callable[[bool], dict[str, Any]],
+    apply: Callable[[dict[str, Any], bool], None],
+    sharded_dir: Path,
+    full_path: Path,
+) -> None:
+    """Read what `_save` wrote (DCP fills this process's shards in place) and ``apply`` it.
+
+    Full files load with ``weights_only=True``: state dicts hold only tensors and plain values.
+    """
+    if _sharded(strategy.plugin, use_dcp):
+        state = state_of(False)
+        _dcp("load", state, sharded_dir)
+        apply(state, False)
+        return
+    apply(torch.load(full_path, map_location="cpu", weights_only=True), True)
