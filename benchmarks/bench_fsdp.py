@@ -12,13 +12,8 @@ model and optimizer state dicts, and prints throughput ratios (>= 1.0: hasten is
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _harness import relaunch_under_torchrun, report, timed
 from torch import nn
 
 BATCH = 16
@@ -94,32 +90,6 @@ def hasten_fsdp(
     return run, model, opt
 
 
-def _timed(rounds: int, loops: dict[str, Callable[[], None]]) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {name: [] for name in loops}
-    names = list(loops)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            dist.barrier()
-            start = time.perf_counter()
-            loops[name]()
-            dist.barrier()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def _report(title: str, times: dict[str, list[float]], base: str, unit: float, label: str) -> None:
-    if dist.get_rank() != 0:
-        return
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    best = {name: min(ts) for name, ts in times.items()}
-    print(title)
-    for name in times:
-        print(
-            f"  {name:<14} median {med[name] * unit:9.1f} {label} (ratio {med[name] / med[base]:.3f})"
-            f"   best {best[name] * unit:9.1f} {label} (ratio {best[name] / best[base]:.3f})"
-        )
-
-
 def _checkpoints(accelerator: Any, model: Any, opt: Any, rounds: int, root: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -144,12 +114,12 @@ def _checkpoints(accelerator: Any, model: Any, opt: Any, rounds: int, root: Path
         accelerator.load_state(str(root / "hasten"))
 
     size = sum(p.numel() * p.element_size() for p in model.parameters()) * 3  # + Adam moments
-    saves = _timed(rounds, {"raw dcp.save": raw_save, "save_state": hasten_save})
-    _report(
+    saves = timed(rounds, {"raw dcp.save": raw_save, "save_state": hasten_save})
+    report(
         f"sharded save ({size / 2**20:.0f} MiB model+optimizer)", saves, "raw dcp.save", 1e3, "ms"
     )
-    loads = _timed(rounds, {"raw dcp.load": raw_load, "load_state": hasten_load})
-    _report("sharded load", loads, "raw dcp.load", 1e3, "ms")
+    loads = timed(rounds, {"raw dcp.load": raw_load, "load_state": hasten_load})
+    report("sharded load", loads, "raw dcp.load", 1e3, "ms")
 
 
 def worker(steps: int, rounds: int, width: int, depth: int) -> None:
@@ -172,9 +142,9 @@ def worker(steps: int, rounds: int, width: int, depth: int) -> None:
     loops = {"hasten": hasten_run, "raw fully_shard": raw_run, "raw control": control_run}
     for run in loops.values():
         run(batches[:5])
-    times = _timed(rounds, {name: (lambda run=run: run(batches)) for name, run in loops.items()})
+    times = timed(rounds, {name: (lambda run=run: run(batches)) for name, run in loops.items()})
     per_step = {name: [t / steps for t in ts] for name, ts in times.items()}
-    _report(
+    report(
         f"2-process FSDP2 step, {depth} blocks of width {width}, batch {BATCH}/process, gloo",
         per_step,
         "raw fully_shard",
@@ -199,15 +169,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     args = parser.parse_args()
-    if "LOCAL_RANK" not in os.environ:
-        torchrun = shutil.which("torchrun") or os.path.join(
-            os.path.dirname(sys.executable), "torchrun"
-        )
-        cmd = [torchrun, "--nproc_per_node", "2", "--standalone", __file__]
-        cmd += ["--steps", str(args.steps), "--rounds", str(args.rounds)]
-        cmd += ["--width", str(args.width), "--depth", str(args.depth)]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        raise SystemExit(subprocess.run(cmd, env=env, timeout=900, check=False).returncode)
+    relaunch_under_torchrun(__file__)
     worker(args.steps, args.rounds, args.width, args.depth)
     dist.destroy_process_group()
 

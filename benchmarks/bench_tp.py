@@ -10,18 +10,13 @@ prints median/best time per step and the ratios to the raw loop (<= 1.05 is the 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import statistics
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _harness import relaunch_under_torchrun, report, timed
 from torch import nn
 
 BATCH = 16
@@ -92,19 +87,6 @@ def hasten_tp(accelerator: Any, width: int, depth: int) -> Callable[[list[Any]],
     return _loop(model, opt, accelerator.backward)
 
 
-def _timed(rounds: int, loops: dict[str, Callable[[], None]]) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {name: [] for name in loops}
-    names = list(loops)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            dist.barrier()
-            start = time.perf_counter()
-            loops[name]()
-            dist.barrier()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def worker(steps: int, rounds: int, width: int, depth: int) -> None:
     torch.set_num_threads(1)
     from hasten import Accelerator
@@ -123,19 +105,10 @@ def worker(steps: int, rounds: int, width: int, depth: int) -> None:
     ]
     for run in loops.values():
         run(batches[:5])
-    times = _timed(rounds, {name: (lambda run=run: run(batches)) for name, run in loops.items()})
-    if dist.get_rank() != 0:
-        return
+    times = timed(rounds, {name: (lambda run=run: run(batches)) for name, run in loops.items()})
     per_step = {name: [t / steps for t in ts] for name, ts in times.items()}
-    med = {name: statistics.median(ts) for name, ts in per_step.items()}
-    best = {name: min(ts) for name, ts in per_step.items()}
-    base = "raw parallelize"
-    print(f"2-process TP step, {depth} blocks of width {width}, batch {BATCH}, gloo")
-    for name in per_step:
-        print(
-            f"  {name:<16} median {med[name] * 1e6:9.1f} us/step (ratio {med[name] / med[base]:.3f})"
-            f"   best {best[name] * 1e6:9.1f} us/step (ratio {best[name] / best[base]:.3f})"
-        )
+    title = f"2-process TP step, {depth} blocks of width {width}, batch {BATCH}, gloo"
+    report(title, per_step, "raw parallelize", 1e6, "us/step")
 
 
 def main() -> None:
@@ -145,15 +118,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     args = parser.parse_args()
-    if "LOCAL_RANK" not in os.environ:
-        torchrun = shutil.which("torchrun") or os.path.join(
-            os.path.dirname(sys.executable), "torchrun"
-        )
-        cmd = [torchrun, "--nproc_per_node", "2", "--standalone", __file__]
-        cmd += ["--steps", str(args.steps), "--rounds", str(args.rounds)]
-        cmd += ["--width", str(args.width), "--depth", str(args.depth)]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        raise SystemExit(subprocess.run(cmd, env=env, timeout=900, check=False).returncode)
+    relaunch_under_torchrun(__file__)
     worker(args.steps, args.rounds, args.width, args.depth)
     dist.destroy_process_group()
 
