@@ -727,7 +727,14 @@ class Accelerator:
     def _check_unique(args: Sequence[Any]) -> None:
         seen: set[int] = set()
         for obj in args:
-            if id(obj) in seen and not isinstance(obj, (str, int, float, bool, type(None))):
+            # A MegatronLMDummyDataLoader stands for the train, valid and test loaders at once:
+            # Accelerate's documented usage passes it three times.
+            repeatable = getattr(obj, "_repeatable_in_prepare", False) is True
+            if (
+                id(obj) in seen
+                and not repeatable
+                and not isinstance(obj, (str, int, float, bool, type(None)))
+            ):
                 raise RuntimeError(
                     f"The same {type(obj).__name__} was passed twice to one prepare() call; "
                     "pass each object once."

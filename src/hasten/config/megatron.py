@@ -19,6 +19,20 @@ __all__ = ["MegatronLMPlugin"]
 _DECAY_STYLES = ("constant", "linear", "cosine")
 _RECOMPUTE_GRANULARITY = ("full", "selective")
 _RECOMPUTE_METHODS = ("uniform", "block")
+_SCHEDULE_ARGS = (
+    "train_iters",
+    "lr_warmup_iters",
+    "train_samples",
+    "lr_warmup_samples",
+    "lr_decay_iters",
+    "lr_decay_samples",
+    "lr_warmup_fraction",
+    "lr_decay_style",
+    "weight_decay_incr_style",
+    "start_weight_decay",
+    "end_weight_decay",
+    "min_lr",
+)
 _DEGREES = (
     "tp_degree",
     "pp_degree",
@@ -159,6 +173,9 @@ class MegatronLMPlugin:
             "use_rotary_position_embeddings",
         ):
             self.megatron_lm_default_args[name] = getattr(self, name)
+        for name in _SCHEDULE_ARGS:
+            # The schedule set on the plugin; a MegatronLMDummyScheduler may fill it later.
+            self.megatron_lm_default_args[name] = getattr(self, name)
         if self.recompute_activations:
             self.megatron_lm_default_args["recompute_granularity"] = "selective"
         if self.other_megatron_args is not None:
@@ -271,18 +288,5 @@ class MegatronLMPlugin:
         if self.lr_warmup_iters is None:
             self.lr_warmup_iters = scheduler.warmup_num_steps // dp
             self.lr_warmup_samples = 0
-        for name in (
-            "train_iters",
-            "lr_warmup_iters",
-            "train_samples",
-            "lr_warmup_samples",
-            "lr_decay_iters",
-            "lr_decay_samples",
-            "lr_warmup_fraction",
-            "lr_decay_style",
-            "weight_decay_incr_style",
-            "start_weight_decay",
-            "end_weight_decay",
-            "min_lr",
-        ):
+        for name in _SCHEDULE_ARGS:
             self.megatron_lm_default_args[name] = getattr(self, name)

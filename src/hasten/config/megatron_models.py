@@ -67,8 +67,12 @@ def _record(plugin: Any, model: Any, **values: Any) -> None:
 
 @add_model_config_to_megatron_parser("megatron-bert")
 def parse_bert_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> None:
-    """Megatron-BERT: encoder sizes; masked-LM models are pretraining models."""
+    """Megatron-BERT: encoder sizes; masked-LM and pretraining models are pretraining models,
+    and only a pretraining model (next-sentence head) gets Megatron's binary head by default."""
     config = model.config
+    name = type(model).__name__.lower()
+    args = megatron_lm_plugin.megatron_lm_default_args
+    args.setdefault("bert_binary_head", "pretraining" in name)
     _record(
         megatron_lm_plugin,
         model,
@@ -76,10 +80,12 @@ def parse_bert_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> N
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
         num_attention_heads=config.num_attention_heads,
+        ffn_hidden_size=getattr(config, "intermediate_size", None) or 4 * config.hidden_size,
         max_position_embeddings=config.max_position_embeddings,
+        num_tokentypes=getattr(config, "type_vocab_size", 2),
         num_labels=config.num_labels,
         orig_vocab_size=config.vocab_size,
-        pretraining_flag="maskedlm" in type(model).__name__.lower(),
+        pretraining_flag="maskedlm" in name or "pretraining" in name,
         seq_length=_seq_length(
             megatron_lm_plugin,
             "encoder_seq_length",
@@ -134,6 +140,11 @@ def parse_t5_config(megatron_lm_plugin: Any, model: Any, batch_data: Any) -> Non
         max_position_embeddings=max_positions,
         orig_vocab_size=config.vocab_size,
         pretraining_flag=True,
+        ffn_hidden_size=getattr(config, "d_ff", None) or 4 * config.d_model,
+        kv_channels=getattr(config, "d_kv", None) or config.d_model // config.num_heads,
+        encoder_num_layers=config.num_layers,
+        decoder_num_layers=getattr(config, "num_decoder_layers", None) or config.num_layers,
+        decoder_start_token_id=getattr(config, "decoder_start_token_id", None) or 0,
         seq_length=encoder,
         encoder_seq_length=encoder,
         decoder_seq_length=megatron_lm_plugin.decoder_seq_length,

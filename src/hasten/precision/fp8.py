@@ -26,7 +26,13 @@ from hasten.core.imports import (
 )
 from hasten.precision.amp import AmpPrecision
 
-__all__ = ["FP8_INSTALL", "Fp8Precision", "fp8_backend_from_env", "select_fp8"]
+__all__ = [
+    "FP8_INSTALL",
+    "Fp8Precision",
+    "check_fp8_hardware",
+    "fp8_backend_from_env",
+    "select_fp8",
+]
 
 # How to install each backend (named in errors).
 FP8_INSTALL = {
@@ -93,6 +99,15 @@ def _choose_backend(recipe: Any) -> FP8BackendType:
         "transformer-engine or MS-AMP). Fix: pip install 'hasten[fp8]' (torchao), or use "
         "mixed_precision='bf16'."
     )
+
+
+def check_fp8_hardware(device: torch.device, backend: FP8BackendType) -> None:
+    """Refuse devices without fp8 matmuls (NVIDIA compute capability 8.9+).
+
+    Raises:
+        ValueError: ``device`` is not such a GPU; names the hardware needed and bf16.
+    """
+    _check_hardware(torch.device(device), backend)
 
 
 def _check_hardware(device: torch.device, backend: FP8BackendType) -> None:

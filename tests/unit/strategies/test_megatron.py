@@ -92,10 +92,8 @@ def test_megatron_with_another_engine_is_refused(
         Accelerator(cpu=True, megatron_lm_plugin=MegatronLMPlugin())
 
 
-def test_fp8_with_megatron_is_refused() -> None:
+def test_bf16_is_the_engines_own() -> None:
     strategy = MegatronStrategy(MegatronLMPlugin(), world_size=1)
-    with pytest.raises(ValueError, match=r"fp8'.*not wired for the Megatron-LM engine"):
-        strategy.select_precision("fp8", torch.device("cpu"), None, None)
     assert (
         strategy.select_precision("bf16", torch.device("cpu"), None, None).mixed_precision == "bf16"
     )
@@ -253,8 +251,12 @@ def test_dummy_scheduler_and_data_loader() -> None:
     namespace = SimpleNamespace()
     dummy.set_megatron_data_args(namespace)
     assert namespace.data_path == ["corpus"] and namespace.seq_length == 64
-    with pytest.raises(NotImplementedError, match=r"Pass a torch DataLoader"):
-        dummy.build_train_valid_test_data_iterators(None)
+    # Explicit arguments win; the dummy's defaults only fill what the run lacks.
+    run = SimpleNamespace(eval_iters=5, seq_length=32)
+    MegatronLMDummyDataLoader(data_path="corpus").set_megatron_data_args(run)
+    assert (run.eval_iters, run.seq_length, run.split) == (5, 32, "969, 30, 1")
+    MegatronLMDummyDataLoader(eval_iters=7, seq_length=None).set_megatron_data_args(run)
+    assert (run.eval_iters, run.seq_length) == (7, 32)
 
 
 def test_rebatch_keeps_the_data_and_order() -> None:
@@ -306,6 +308,7 @@ def test_bert_and_t5_train_steps() -> None:
     batch = {"input_ids": torch.tensor([[1, 2, 3]]), "labels": torch.tensor([[-100, 2, -100]])}
     tokens, types, order, loss_mask, labels, padding = bert.get_batch(iter([batch]))
     assert loss_mask.tolist() == [[0.0, 1.0, 0.0]] and types.tolist() == [[0, 0, 0]]
+    assert labels.tolist() == [[0, 2, 0]]  # valid ids for megatron-core's cross entropy
     loss, report = bert.loss_func(loss_mask, None, (torch.tensor([[9.0, 2.0, 9.0]]), None))
     assert loss.item() == pytest.approx(2.0)
     t5 = T5TrainStep(None, SimpleNamespace(decoder_start_token_id=0))
@@ -318,6 +321,8 @@ def test_bert_and_t5_train_steps() -> None:
     assert dec.tolist() == [[0, 8, 9]] and loss_mask.tolist() == [[1.0, 1.0, 0.0]]
     assert enc_mask.shape == (1, 1, 4, 4) and bool(enc_mask[0, 0, 0, 3])
     assert enc_dec_mask.shape == (1, 1, 3, 4) and dec_mask.shape == (1, 3, 3)
+    batch["decoder_input_ids"] = torch.tensor([[2, 8, 9]])  # Megatron's T5 samples carry them
+    assert t5.get_batch(iter([batch]))[1].tolist() == [[2, 8, 9]]
 
 
 def test_micro_batches_and_their_losses() -> None:
@@ -396,7 +401,7 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> dict:
         return [Chunk(2, 2)], made["optimizer"], made["scheduler"]
 
     def run(self, batch, forward_only):  # type: ignore[no-untyped-def]
-        made.setdefault("batches", []).append((batch["input_ids"].shape, forward_only))
+        made.setdefault("batches", []).append((next(iter(batch.values())).shape, forward_only))
         return [{"lm loss": torch.tensor(2.0)}, {"lm loss": torch.tensor(4.0)}]
 
     monkeypatch.setattr(MegatronStrategy, "check_usable", lambda self: None)
@@ -467,3 +472,73 @@ def test_split_models_cannot_be_saved_whole() -> None:
         strategy.model_state_dict(nn.Linear(2, 2))
     whole = MegatronStrategy(MegatronLMPlugin(), world_size=4)
     assert set(whole.model_state_dict(nn.Linear(2, 2))) == {"weight", "bias"}
+
+
+# ---------------------------------------------------------------- Megatron's datasets, faked builder
+
+
+def gpt_samples(n: int) -> list[dict]:
+    """What megatron-core's GPTDataset yields: tokens and labels (shifted by one)."""
+    return [
+        {"tokens": torch.tensor([i, i + 1]), "labels": torch.tensor([i + 1, i + 2])}
+        for i in range(n)
+    ]
+
+
+def test_prepare_with_a_dummy_loader_builds_megatrons_datasets(
+    fake_engine: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hasten.strategies.megatron import datasets
+
+    built: dict = {}
+
+    def build(args, data, sizes):  # type: ignore[no-untyped-def]
+        built.update(sizes=sizes, data=data, flag=args.megatron_dataset_flag)
+        return [gpt_samples(40), gpt_samples(8), None]
+
+    monkeypatch.setattr(datasets, "build_datasets", build)
+    plugin = MegatronLMPlugin(num_micro_batches=2, eval_iters=1, eval_interval=5)
+    accelerator = Accelerator(cpu=True, megatron_lm_plugin=plugin)
+    model = TinyGPT2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = MegatronLMDummyScheduler(optimizer, total_num_steps=10)
+    dummy = MegatronLMDummyDataLoader(data_path="corpus", seq_length=2, micro_batch_size=2)
+    model, optimizer, scheduler, train, valid, test = accelerator.prepare(
+        model, optimizer, scheduler, dummy, dummy, dummy
+    )
+    args = fake_engine["args"]
+    assert args.megatron_dataset_flag and (args.seq_length, args.micro_batch_size) == (2, 2)
+    # 10 steps x global batch 4; valid (10 // 5 + 1) x 1 eval iteration; test 1 iteration
+    assert built["sizes"] == [40, 12, 4] and built["flag"]
+    assert test is None  # an empty split
+    batches = list(train)
+    assert len(batches) == 10 and len(valid) == 2
+    # Megatron's "text": the sequence plus the next token, one global step per batch
+    assert batches[1]["text"].tolist() == [[4, 5, 6], [5, 6, 7], [6, 7, 8], [7, 8, 9]]
+    model.train()
+    assert model(**batches[0]).loss.item() == pytest.approx(3.0)
+    assert model.train_step_handler.get_batch(iter(batches))[0].tolist()[0] == [0, 1]
+
+
+def test_dummy_loader_inputs_are_checked(fake_engine: dict) -> None:
+    accelerator = Accelerator(cpu=True, megatron_lm_plugin=MegatronLMPlugin())
+    with pytest.raises(ValueError, match=r"micro_batch_size=None.*pass an int >= 1"):
+        accelerator.prepare(TinyGPT2(), MegatronLMDummyDataLoader(data_path="corpus"))
+    dummy = MegatronLMDummyDataLoader(data_path="corpus", micro_batch_size=1)
+    with pytest.raises(ValueError, match=r"got 4 MegatronLMDummyDataLoader objects.*at most 3"):
+        accelerator.prepare(TinyGPT2(), dummy, dummy, dummy, dummy)
+
+
+def test_a_custom_datasets_provider_replaces_megatron_core(fake_engine: dict) -> None:
+    asked: list = []
+
+    def provider(sizes):  # type: ignore[no-untyped-def]
+        asked.append(sizes)
+        return gpt_samples(8), None, None
+
+    plugin = MegatronLMPlugin(custom_megatron_datasets_provider_function=provider, train_iters=2)
+    accelerator = Accelerator(cpu=True, megatron_lm_plugin=plugin)
+    dummy = MegatronLMDummyDataLoader(micro_batch_size=4, eval_iters=1)
+    _, train = accelerator.prepare(TinyGPT2(), dummy)
+    assert asked == [[8, 4, 4]]
+    assert [len(batch["text"]) for batch in train] == [4, 4]

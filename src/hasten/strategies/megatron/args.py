@@ -15,16 +15,32 @@ from typing import Any
 import torch
 
 __all__ = [
+    "bert_model_kwargs",
+    "fp8_args",
     "gpt_model_kwargs",
     "megatron_args",
     "optimizer_config_kwargs",
     "padded_vocab_size",
     "parallel_sizes",
     "scheduler_kwargs",
+    "t5_layer_counts",
+    "t5_model_kwargs",
     "transformer_config_kwargs",
+    "uses_transformer_engine",
 ]
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8 trains bf16 weights; Transformer Engine runs the matmuls in fp8.
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+# TransformerConfig's fp8 fields, filled by `fp8_args` (None: megatron-core's default).
+_FP8_FIELDS = (
+    "fp8",
+    "fp8_recipe",
+    "fp8_margin",
+    "fp8_interval",
+    "fp8_amax_history_len",
+    "fp8_amax_compute_algo",
+    "fp8_wgrad",
+)
 
 
 def parallel_sizes(plugin: Any, world_size: int) -> dict[str, int]:
@@ -78,7 +94,7 @@ def megatron_args(plugin: Any, world_size: int, mixed_precision: str) -> SimpleN
     values.update(parallel_sizes(plugin, world_size))
     values["world_size"] = world_size
     values["fp16"] = mixed_precision == "fp16"
-    values["bf16"] = mixed_precision == "bf16"
+    values["bf16"] = mixed_precision in ("bf16", "fp8")
     values["params_dtype"] = _DTYPES.get(mixed_precision, torch.float32)
     values.setdefault("micro_batch_size", 1)
     values.setdefault("num_micro_batches", 1)
@@ -132,6 +148,11 @@ def transformer_config_kwargs(args: SimpleNamespace) -> dict[str, Any]:
         "moe_shared_expert_intermediate_size": _get(args, "moe_shared_expert_intermediate_size"),
         "variable_seq_lengths": False,
     }
+    if _get(args, "kv_channels") is not None:
+        kwargs["kv_channels"] = args.kv_channels
+    for name in _FP8_FIELDS:
+        if _get(args, name) is not None:
+            kwargs[name] = getattr(args, name)
     if kwargs["recompute_granularity"] != "full":
         # Megatron only takes a method / layer count with full recomputation.
         kwargs["recompute_method"] = kwargs["recompute_num_layers"] = None
@@ -210,4 +231,92 @@ def gpt_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
         ),
         "position_embedding_type": _get(args, "position_embedding_type", "learned_absolute"),
         "rotary_base": int(_get(args, "rotary_base", 10000)),
+    }
+
+
+def bert_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
+    """Keyword arguments of megatron-core's `BertModel` (besides config and layer spec).
+
+    Raises:
+        NotImplementedError: a classification model (Megatron's ``Classification`` head is not
+            part of megatron-core).
+    """
+    if not _get(args, "pretraining_flag", True):
+        raise NotImplementedError(
+            "hasten builds BERT pretraining models (masked LM, optional sentence-order head) with "
+            "megatron-core's BertModel; megatron-core has no sequence-classification BERT. Pass "
+            "MegatronLMPlugin(custom_model_provider_function=...) returning a megatron-core model "
+            "with a classification head."
+        )
+    return {
+        "num_tokentypes": int(_get(args, "num_tokentypes", 2)),
+        "vocab_size": args.padded_vocab_size,
+        "max_sequence_length": _get(args, "max_position_embeddings", args.seq_length),
+        "parallel_output": True,
+        "share_embeddings_and_output_weights": not _get(
+            args, "untie_embeddings_and_output_weights", False
+        ),
+        "position_embedding_type": _get(args, "position_embedding_type", "learned_absolute"),
+        "add_binary_head": bool(_get(args, "bert_binary_head", False)),
+    }
+
+
+def t5_layer_counts(args: SimpleNamespace) -> tuple[int, int]:
+    """(encoder layers, decoder layers) of a T5 model: Megatron's ``encoder/decoder_num_layers``."""
+    encoder = int(_get(args, "encoder_num_layers", args.num_layers))
+    return encoder, int(_get(args, "decoder_num_layers", encoder))
+
+
+def t5_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
+    """Keyword arguments of megatron-core's `T5Model` (besides configs and layer specs)."""
+    encoder = _get(args, "encoder_seq_length", args.seq_length)
+    decoder = _get(args, "decoder_seq_length", encoder)
+    return {
+        "vocab_size": args.padded_vocab_size,
+        "max_sequence_length": _get(args, "max_position_embeddings", max(encoder, decoder)),
+        "parallel_output": True,
+        "share_embeddings_and_output_weights": not _get(
+            args, "untie_embeddings_and_output_weights", False
+        ),
+        "position_embedding_type": _get(args, "position_embedding_type", "learned_absolute"),
+        "relative_attention_num_buckets": int(_get(args, "relative_attention_num_buckets", 32)),
+        "relative_attention_max_distance": int(_get(args, "relative_attention_max_distance", 128)),
+    }
+
+
+def uses_transformer_engine(args: SimpleNamespace) -> bool:
+    """Whether the layers come from Transformer Engine (fp8 needs them; otherwise local layers)."""
+    return _get(args, "fp8") is not None or _get(args, "transformer_impl") == "transformer_engine"
+
+
+_MEGATRON_FP8_FORMATS = {"HYBRID": "hybrid", "E4M3": "e4m3"}
+
+
+def fp8_args(recipe: Any) -> dict[str, Any]:
+    """Megatron's fp8 arguments (TransformerConfig fields) from a `TERecipeKwargs`.
+
+    The recipe's format, margin, interval, amax history and algorithm map to ``fp8``,
+    ``fp8_margin``, ``fp8_interval``, ``fp8_amax_history_len`` and ``fp8_amax_compute_algo``;
+    MXFP8 block scaling to ``fp8_recipe="mxfp8"`` (else "delayed"); keeping the weight-gradient
+    GEMM in higher precision (``override_linear_precision[2]``) to ``fp8_wgrad=False``.
+
+    Raises:
+        ValueError: the E5M2 format (megatron-core trains with "hybrid" or "e4m3").
+    """
+    fmt = str(recipe.fp8_format).upper()
+    if fmt not in _MEGATRON_FP8_FORMATS:
+        raise ValueError(
+            f"TERecipeKwargs(fp8_format={recipe.fp8_format!r}) cannot be used with Megatron-LM: "
+            "megatron-core trains with fp8_format 'HYBRID' (E4M3 forward, E5M2 gradients) or "
+            "'E4M3'. Choose one of those."
+        )
+    override = tuple(recipe.override_linear_precision or (False, False, False))
+    return {
+        "fp8": _MEGATRON_FP8_FORMATS[fmt],
+        "fp8_recipe": "mxfp8" if recipe.use_mxfp8_block_scaling else "delayed",
+        "fp8_margin": int(recipe.margin),
+        "fp8_interval": int(recipe.interval),
+        "fp8_amax_history_len": int(recipe.amax_history_len),
+        "fp8_amax_compute_algo": str(recipe.amax_compute_algo),
+        "fp8_wgrad": not bool(override[2]),
     }

@@ -3,13 +3,16 @@
 Under Megatron-LM a batch is ``micro_batch_size x num_micro_batches`` samples; the engine cuts
 it into micro-batches for the pipeline schedule. Data differs only between data-parallel
 groups (tensor/pipeline/context ranks of one group read the same samples), so a prepared
-loader is sharded over the data-parallel size and rank, not over all processes.
+loader is sharded over the data-parallel size and rank, not over all processes. A
+`MegatronLMDummyDataLoader` becomes three such loaders (train, valid, test) over Megatron's
+indexed datasets, built by megatron-core (`datasets.py`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from hasten.data_loader import prepare_data_loader as shard_data_loader
@@ -18,6 +21,8 @@ from hasten.data_loader.base import dataloader_kwargs
 __all__ = [
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
+    "dataset_loader",
+    "megatron_data_loaders",
     "prepare_data_loader",
     "rebatch_for_megatron",
 ]
@@ -26,11 +31,23 @@ __all__ = [
 _DATA_DEFAULTS: dict[str, Any] = {
     "data_path": None,
     "split": "969, 30, 1",
+    "train_data_path": None,
+    "valid_data_path": None,
+    "test_data_path": None,
+    "mock_data": False,
+    "data_cache_path": None,
+    "mmap_bin_files": True,
     "seq_length": None,
     "encoder_seq_length": None,
     "decoder_seq_length": None,
     "micro_batch_size": None,
     "num_workers": 2,
+    "dataloader_type": "single",
+    "reset_position_ids": False,
+    "reset_attention_mask": False,
+    "mask_prob": 0.15,
+    "short_seq_prob": 0.1,
+    "tokenizer": None,
     "eval_iters": 100,
     "eval_interval": 1000,
 }
@@ -70,31 +87,105 @@ class MegatronLMDummyDataLoader:
             ``micro_batch_size``, ...), over Megatron's defaults.
     """
 
+    # One dummy stands for the train, valid and test loaders: prepare() may get it three times.
+    _repeatable_in_prepare = True
+
     def __init__(self, **dataset_kwargs: Any) -> None:
         self.dataset_args: dict[str, Any] = {**_DATA_DEFAULTS, **dataset_kwargs}
         self.dataset_args["megatron_dataset_flag"] = True
+        self._given = {*dataset_kwargs, "megatron_dataset_flag"}
 
     def set_megatron_data_args(self, args: Any = None) -> None:
-        """Copy the data arguments onto Megatron's argument namespace (the engine's by default)."""
+        """Copy the data arguments onto Megatron's argument namespace (the engine's by default).
+
+        The ones passed to the dummy win; its defaults only fill what the run does not set
+        (the plugin's ``eval_iters``, the model's sequence length...).
+        """
         if args is None:
             from hasten.strategies.megatron.engine import get_args
 
             args = get_args()
         for key, value in self.dataset_args.items():
-            setattr(args, key, value)
+            if key in self._given and value is not None or getattr(args, key, None) is None:
+                setattr(args, key, value)
 
-    def build_train_valid_test_data_iterators(self, accelerator: Any) -> Any:
-        """Megatron's indexed-dataset pipeline is not wired into hasten.
+    def build_train_valid_test_data_iterators(self, accelerator: Any) -> tuple[Any, Any, Any]:
+        """Build the train, valid and test loaders over Megatron's datasets (None: empty split).
 
-        Raises:
-            NotImplementedError: always; says what works instead.
+        Each yields one global step's samples of this data-parallel rank per batch.
         """
-        raise NotImplementedError(
-            "MegatronLMDummyDataLoader (Megatron's own indexed datasets, megatron_dataset_flag) "
-            "is not wired into hasten: the megatron.training data pipeline is not part of the "
-            "megatron-core wheel. Pass a torch DataLoader of tokenized samples to "
-            "accelerator.prepare() instead; it is sharded over the data-parallel ranks."
+        return megatron_data_loaders(accelerator, self)
+
+
+def dataset_loader(
+    dataset: Any,
+    *,
+    consumed: int,
+    batch_size: int,
+    rank: int,
+    size: int,
+    device: torch.device,
+    num_workers: int = 0,
+    rng_types: list[Any] | None = None,
+) -> Any:
+    """A prepared loader over a megatron-core dataset: Megatron's sample order, after the
+    ``consumed`` samples, ``batch_size`` samples per batch for data-parallel ``rank`` of ``size``.
+    """
+    from hasten.strategies.megatron.datasets import collate_for, sample_indices
+
+    indices = sample_indices(len(dataset), consumed, batch_size * size)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=indices,
+        collate_fn=collate_for(dataset[indices[0]] if len(indices) else None),
+        num_workers=num_workers,
+    )
+    # Batch k of the global order goes to rank k % size: rank r gets samples r*b..(r+1)*b of
+    # each global batch, as Megatron's pretraining sampler hands them out.
+    return shard_data_loader(
+        loader,
+        device,
+        num_processes=size,
+        process_index=rank,
+        split_batches=False,
+        put_on_device=True,
+        rng_types=rng_types or [],
+    )
+
+
+def megatron_data_loaders(accelerator: Any, dummy: MegatronLMDummyDataLoader) -> tuple:
+    """The (train, valid, test) loaders of ``dummy``'s datasets; the plugin's
+    ``custom_megatron_datasets_provider_function(sizes)`` replaces megatron-core's builder."""
+    from hasten.strategies.megatron import datasets
+    from hasten.strategies.megatron.engine import data_parallel_rank_and_size, get_args
+
+    args = get_args()
+    sizes = datasets.num_samples_per_split(args)
+    provider = accelerator.state.megatron_lm_plugin.custom_megatron_datasets_provider_function
+    if provider is not None:
+        built = list(provider(sizes))
+    else:
+        built = datasets.build_datasets(args, dummy.dataset_args, sizes)
+    rank, size = data_parallel_rank_and_size()
+    loaders: list[Any] = []
+    for dataset, consumed in zip(built, datasets.consumed_samples(args)):
+        if dataset is None or len(dataset) == 0:
+            loaders.append(None)
+            continue
+        loaders.append(
+            dataset_loader(
+                dataset,
+                consumed=consumed,
+                batch_size=args.micro_batch_size * args.num_micro_batches,
+                rank=rank,
+                size=size,
+                device=accelerator.device,
+                num_workers=int(dummy.dataset_args.get("num_workers") or 0),
+                rng_types=list(accelerator.rng_types),
+            )
         )
+    return tuple(loaders)
 
 
 def rebatch_for_megatron(dataloader: DataLoader[Any], batch_size: int) -> DataLoader[Any]:
@@ -108,11 +199,8 @@ def rebatch_for_megatron(dataloader: DataLoader[Any], batch_size: int) -> DataLo
 
 
 def prepare_data_loader(accelerator: Any, dataloader: Any) -> Any:
-    """Shard ``dataloader`` over Megatron's data-parallel groups (one global step per batch).
-
-    Raises:
-        NotImplementedError: a `MegatronLMDummyDataLoader` (Megatron's own datasets).
-    """
+    """Shard ``dataloader`` over Megatron's data-parallel groups (one global step per batch);
+    a `MegatronLMDummyDataLoader` gives its (train, valid, test) loaders."""
     if isinstance(dataloader, MegatronLMDummyDataLoader):
         return dataloader.build_train_valid_test_data_iterators(accelerator)
     from hasten.strategies.megatron.engine import data_parallel_rank_and_size, get_args

@@ -1,8 +1,8 @@
 """The Megatron-LM engine on megatron-core's public API: set-up, model, optimizer, train step.
 
 ``initialize`` builds Megatron's argument namespace from the plugin and sets up megatron-core's
-model-parallel groups; ``prepare_model_optimizer_scheduler`` builds the model (GPT through
-`GPTModel`, or the user's provider), wraps it in megatron-core's `DistributedDataParallel`, and
+model-parallel groups; ``prepare_model_optimizer_scheduler`` builds the model (GPT, BERT or T5
+through `models.py`, or the user's provider), wraps it in megatron-core's `DistributedDataParallel`, and
 creates `get_megatron_optimizer` / `OptimizerParamScheduler`. `MegatronEngine` is the prepared
 model: in training, ``model(**batch)`` runs forward, backward and the optimizer step through
 megatron-core's pipeline schedule and returns the loss. megatron-core is imported when used.
@@ -22,11 +22,9 @@ from hasten.core.network import get_free_port
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.scheduler import AcceleratedScheduler
 from hasten.strategies.megatron.args import (
-    gpt_model_kwargs,
     megatron_args,
     optimizer_config_kwargs,
     scheduler_kwargs,
-    transformer_config_kwargs,
 )
 from hasten.strategies.megatron.train_step import BertTrainStep, GPTTrainStep, T5TrainStep
 
@@ -249,29 +247,29 @@ def model_provider_func(
     add_encoder: bool = True,
     add_decoder: bool = True,
 ) -> nn.Module:
-    """Build this pipeline stage's model from the Megatron arguments (GPT-style models).
+    """Build this pipeline stage's model from the Megatron arguments (GPT, BERT or T5).
 
     Raises:
-        NotImplementedError: BERT / T5 (give MegatronLMPlugin(custom_model_provider_function=...)).
+        ValueError: a model type without a megatron-core builder.
+        NotImplementedError: a BERT classification model (no megatron-core equivalent).
     """
     _mcore()
-    from megatron.core.models.gpt import GPTModel  # optional: megatron-core
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from hasten.strategies.megatron.models import MODEL_BUILDERS
 
     args = get_args()
-    if args.model_type_name != "gpt":
-        raise NotImplementedError(
-            f"hasten builds GPT-style models (gpt2, llama, glm4_moe) with megatron-core; for "
+    builder: Any = MODEL_BUILDERS.get(args.model_type_name)
+    if builder is None:
+        raise ValueError(
+            f"hasten builds GPT, BERT and T5 models with megatron-core; for "
             f"model_type_name={args.model_type_name!r} pass "
             "MegatronLMPlugin(custom_model_provider_function=...) returning a megatron-core model."
         )
-    config = TransformerConfig(**transformer_config_kwargs(args))
-    spec = get_gpt_layer_local_spec(
-        num_experts=config.num_moe_experts, normalization=config.normalization
-    )
-    return GPTModel(
-        config, spec, pre_process=pre_process, post_process=post_process, **gpt_model_kwargs(args)
+    return builder(
+        args,
+        pre_process=pre_process,
+        post_process=post_process,
+        add_encoder=add_encoder,
+        add_decoder=add_decoder,
     )
 
 

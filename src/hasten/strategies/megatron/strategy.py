@@ -14,14 +14,63 @@ import torch
 from torch import nn
 from typing_extensions import override
 
-from hasten.core.imports import require
+from hasten.config.enums import FP8BackendType
+from hasten.config.kwargs import AORecipeKwargs, MSAMPRecipeKwargs, TERecipeKwargs
+from hasten.core.imports import is_transformer_engine_available, require
 from hasten.platforms.checks import is_cuda_available
 from hasten.precision import Precision
+from hasten.precision.fp8 import FP8_INSTALL, check_fp8_hardware, fp8_backend_from_env
 from hasten.strategies.base import BackwardFn, Strategy
-from hasten.strategies.megatron.args import parallel_sizes
+from hasten.strategies.megatron.args import fp8_args, parallel_sizes
 from hasten.strategies.megatron.data import MegatronLMDummyDataLoader, MegatronLMDummyScheduler
 
-__all__ = ["MegatronStrategy", "micro_batch_size_of", "prepare_call"]
+__all__ = [
+    "MegatronFp8Precision",
+    "MegatronStrategy",
+    "megatron_fp8_recipe",
+    "micro_batch_size_of",
+    "prepare_call",
+]
+
+
+class MegatronFp8Precision(Precision):
+    """fp8 under Megatron-LM: megatron-core's Transformer Engine layers run the matmuls in fp8
+    (TransformerConfig's fp8 fields); weights and the optimizer are bf16 like ``"bf16"``."""
+
+    backend = FP8BackendType.TE
+
+    def __init__(self) -> None:
+        super().__init__("fp8")
+
+
+def megatron_fp8_recipe(recipe: Any) -> Any:
+    """The Transformer Engine recipe Megatron-LM's fp8 uses (TE's defaults when none is given).
+
+    Raises:
+        ValueError: a torchao / MS-AMP recipe, or ACCELERATE_FP8_BACKEND naming another backend.
+        ImportError: Transformer Engine is not installed.
+    """
+    selected = fp8_backend_from_env()
+    foreign = isinstance(recipe, (AORecipeKwargs, MSAMPRecipeKwargs)) and not isinstance(
+        recipe, TERecipeKwargs
+    )
+    backend = str(getattr(recipe, "backend", "TE") or "TE").upper()
+    if foreign or backend != "TE" or selected not in (FP8BackendType.NO, FP8BackendType.TE):
+        what = (
+            type(recipe).__name__ if foreign or backend != "TE" else f"fp8 backend {selected.value}"
+        )
+        raise ValueError(
+            f"Megatron-LM runs fp8 through Transformer Engine (megatron-core's TE layers), but "
+            f"the {what} was selected. Pass TERecipeKwargs(...) (or none) and --fp8_backend te, "
+            "or use mixed_precision='bf16'."
+        )
+    if not is_transformer_engine_available():
+        raise ImportError(
+            "mixed_precision='fp8' with Megatron-LM needs Transformer Engine (megatron-core builds "
+            f"its fp8 layers from it), which is not installed. Fix: {FP8_INSTALL[FP8BackendType.TE]}"
+            "; or use mixed_precision='bf16'."
+        )
+    return recipe if recipe is not None else TERecipeKwargs()
 
 
 def _no_backward(loss: torch.Tensor, **kwargs: Any) -> None:
@@ -29,15 +78,21 @@ def _no_backward(loss: torch.Tensor, **kwargs: Any) -> None:
 
 
 def micro_batch_size_of(plugin: Any, objects: list[Any]) -> int:
-    """The micro-batch size: the prepared loaders' (smallest with ``is_train_batch_min``).
+    """The micro-batch size: a dummy loader's, else the prepared loaders' (the smallest with
+    ``is_train_batch_min``).
 
     Raises:
-        ValueError: no data loader among ``objects``.
+        ValueError: no data loader among ``objects``, or a dummy without a micro-batch size.
     """
-    if plugin.megatron_dataset_flag:
-        for obj in objects:
-            if isinstance(obj, MegatronLMDummyDataLoader):
-                return int(obj.dataset_args["micro_batch_size"])
+    for obj in objects:
+        if isinstance(obj, MegatronLMDummyDataLoader):
+            size = obj.dataset_args["micro_batch_size"]
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(
+                    f"MegatronLMDummyDataLoader(micro_batch_size={size!r}): Megatron-LM takes its "
+                    "micro-batch size from the dummy loader; pass an int >= 1."
+                )
+            return size
     sizes = [obj.batch_size for obj in objects if getattr(obj, "batch_size", None) is not None]
     if not sizes:
         raise ValueError(
@@ -92,13 +147,17 @@ class MegatronStrategy(Strategy):
         *,
         fp8_recipe: Any = None,
     ) -> Precision:
-        """Megatron runs fp16/bf16 itself (Float16Module, mixed-precision optimizer)."""
+        """Megatron runs fp16/bf16 itself (Float16Module, mixed-precision optimizer); fp8 through
+        Transformer Engine layers, configured from the TE recipe (checked here, at Accelerator()).
+        """
         label = str(getattr(mixed_precision, "value", mixed_precision) or "no")
-        if label == "fp8" or fp8_recipe is not None:
-            raise ValueError(
-                "mixed_precision='fp8' is not wired for the Megatron-LM engine (it needs "
-                "TransformerEngine layers inside megatron-core); use mixed_precision='bf16'."
-            )
+        if label == "fp8":
+            recipe = megatron_fp8_recipe(fp8_recipe)
+            settings = fp8_args(recipe)
+            check_fp8_hardware(device, FP8BackendType.TE)
+            self.plugin.set_mixed_precision("bf16")
+            self.plugin.megatron_lm_default_args.update(settings)
+            return MegatronFp8Precision()
         self.plugin.set_mixed_precision(label)
         return Precision(label)
 
@@ -147,6 +206,14 @@ class MegatronStrategy(Strategy):
 def _configure_plugin(plugin: Any, sizes: dict[str, int], objects: list[Any]) -> None:
     """Fill the plugin's Megatron arguments from the loaders, model, optimizer and scheduler."""
     plugin.set_training_args(micro_batch_size_of(plugin, objects), sizes["data_parallel_size"])
+    dummies = [obj for obj in objects if isinstance(obj, MegatronLMDummyDataLoader)]
+    if dummies:
+        plugin.megatron_dataset_flag = True
+        plugin.megatron_lm_default_args["megatron_dataset_flag"] = True
+        for key in ("seq_length", "encoder_seq_length", "decoder_seq_length"):
+            # The dummy's sequence lengths size the network, as a batch's would.
+            if getattr(plugin, key) is None:
+                setattr(plugin, key, dummies[0].dataset_args.get(key))
     batch = None
     for obj in objects:
         if isinstance(obj, torch.utils.data.DataLoader):
@@ -173,7 +240,8 @@ def prepare_call(
     """Megatron-LM's prepare: configure, initialise megatron-core, build and wrap everything.
 
     Raises:
-        ValueError: a second model, no data loader, or a torch LR scheduler.
+        ValueError: a second model, no data loader, more than 3 dummy loaders, or a torch LR
+            scheduler.
     """
     from hasten.strategies.megatron import engine
     from hasten.strategies.megatron.data import prepare_data_loader
@@ -181,8 +249,17 @@ def prepare_call(
     models = [obj for obj in objects if isinstance(obj, nn.Module)]
     if len(models) > 1 or (models and getattr(accelerator, "_models", None)):
         raise ValueError("Megatron-LM trains one model per Accelerator; prepare a single model.")
+    dummies = [obj for obj in objects if isinstance(obj, MegatronLMDummyDataLoader)]
+    if len(dummies) > 3:
+        raise ValueError(
+            f"prepare() got {len(dummies)} MegatronLMDummyDataLoader objects; they stand for the "
+            "train, valid and test loaders of Megatron's datasets: pass at most 3."
+        )
     _configure_plugin(plugin, sizes, objects)
-    engine.initialize(accelerator, args_defaults=plugin.megatron_lm_default_args)
+    args = engine.initialize(accelerator, args_defaults=plugin.megatron_lm_default_args)
+    if dummies:
+        # Before the engine: the train step reads Megatron samples when the flag is set.
+        dummies[0].set_megatron_data_args(args)
     model, optimizer, scheduler = engine.prepare_model_optimizer_scheduler(accelerator)
     wrapped_optimizer = engine.MegatronLMOptimizerWrapper(optimizer)
     replaced: dict[type, Any] = {
@@ -190,12 +267,16 @@ def prepare_call(
         torch.optim.Optimizer: wrapped_optimizer,
         MegatronLMDummyScheduler: engine.MegatronLMSchedulerWrapper(scheduler, wrapped_optimizer),
     }
+    # The dummies of the call stand for the train, valid and test loaders, in that order.
+    megatron_loaders = list(prepare_data_loader(accelerator, dummies[0])) if dummies else []
     result = []
     for obj in objects:
         kind = next((k for k in replaced if isinstance(obj, k)), None)
         if kind is not None:
             result.append(replaced[kind])
-        elif isinstance(obj, (torch.utils.data.DataLoader, MegatronLMDummyDataLoader)):
+        elif isinstance(obj, MegatronLMDummyDataLoader):
+            result.append(megatron_loaders.pop(0))
+        elif isinstance(obj, torch.utils.data.DataLoader):
             result.append(prepare_data_loader(accelerator, obj))
         else:
             result.append(obj)

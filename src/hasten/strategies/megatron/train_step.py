@@ -188,9 +188,11 @@ class BertTrainStep(AbstractTrainStep):
             padding_mask = data.get("attention_mask", torch.ones_like(tokens)).long()
             types = data.get("token_type_ids", torch.zeros_like(tokens)).long()
             labels = data.get("labels")
-            loss_mask = (
-                (labels != -100).float() if labels is not None and labels.dim() > 1 else None
-            )
+            loss_mask = None
+            if labels is not None and labels.dim() > 1:
+                loss_mask = (labels != -100).float()
+                # megatron-core's vocab-parallel cross entropy needs valid ids; the mask hides them.
+                labels = labels.long().masked_fill(labels == -100, 0)
             sentence_order = data.get("next_sentence_label")
             return tokens, types, sentence_order, loss_mask, labels, padding_mask
 
@@ -280,7 +282,8 @@ class T5TrainStep(AbstractTrainStep):
         return (visible < 0.5).unsqueeze(1)
 
     def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
-        """Return the batch function for HF seq2seq batches (``input_ids``, ``labels``)."""
+        """Return the batch function for HF seq2seq batches (``input_ids``, ``labels``, and
+        ``decoder_input_ids`` if given; else the labels shifted right after the start token)."""
 
         def get_batch(data_iterator: Iterator[Any]) -> tuple[torch.Tensor, ...]:
             data = next(data_iterator)
@@ -288,8 +291,11 @@ class T5TrainStep(AbstractTrainStep):
             labels = data["labels"].long()
             loss_mask = (labels != -100).float()
             safe = labels.masked_fill(labels == -100, 0)
-            start = safe.new_full((safe.shape[0], 1), self.decoder_start)
-            tokens_dec = torch.cat([start, safe[:, :-1]], dim=1)
+            tokens_dec = data.get("decoder_input_ids")
+            if tokens_dec is None:
+                start = safe.new_full((safe.shape[0], 1), self.decoder_start)
+                tokens_dec = torch.cat([start, safe[:, :-1]], dim=1)
+            tokens_dec = tokens_dec.long()
             enc_padding = data.get("attention_mask", torch.ones_like(tokens_enc))
             enc_mask = self.attn_mask_postprocess(enc_padding)
             dec_mask = self.get_decoder_mask(tokens_dec.shape[1], tokens_dec.device)
