@@ -317,6 +317,8 @@ class Accelerator:
             _from_accelerator=True,
             **init_kwargs,
         )
+        if fsdp_plugin is not None:  # as Accelerate: transformers' from_pretrained reads it
+            envvars.write("ACCELERATE_USE_FSDP", "true")
         self.gradient_state = GradientState(gradient_accumulation_plugin=accumulation)
         if torch_tp_plugin is not None:
             torch_tp_plugin.torch_device_mesh = self.torch_device_mesh

@@ -296,29 +296,63 @@ def test_save_and_load_fsdp_model_helpers(tmp_path: Path, use_dcp: bool) -> None
 
 
 def _efficient_loading() -> dict[str, Any]:
+    from hasten import init_empty_weights
+    from hasten.config import envvars
+    from hasten.strategies.fsdp2 import FSDP2Strategy
+
     accelerator = _accelerator("fsdp2", cpu_ram_efficient_loading=True)
+    at_shard: list[bool] = []  # whether every parameter was on meta when fully_shard ran
+    shard = FSDP2Strategy.shard
+
+    def spy(self: Any, module: torch.nn.Module) -> torch.nn.Module:
+        at_shard.append(all(p.is_meta for p in module.parameters()))
+        return shard(self, module)
+
+    FSDP2Strategy.shard = spy  # type: ignore[method-assign]  # forked worker: no undo needed
     torch.manual_seed(0)
     if accelerator.process_index == 0:
         model = TinyTransformer()
-    else:  # other ranks never allocate the weights
-        with torch.device("meta"):
+    else:  # other ranks never allocate the weights, as an Accelerate user writes it
+        with init_empty_weights():
             model = TinyTransformer()
+    built_on_meta = all(p.is_meta for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = accelerator.prepare(model, optimizer)
+    torch.manual_seed(accelerator.process_index)  # rank 1's own weights: rank 0's must win
+    other = accelerator.prepare(TinyTransformer())
+    shards = {n: p.to_local().tolist() for n, p in model.named_parameters()}
     on_meta = any(p.is_meta for p in model.parameters())
     state = accelerator.get_state_dict(model)
+    other_state = accelerator.get_state_dict(other)
     train(accelerator, model, optimizer, 2)
-    return {"meta": on_meta, "state": {k: v.tolist() for k, v in state.items()}}
+    return {
+        "built_on_meta": built_on_meta,
+        "at_shard": at_shard,
+        "meta": on_meta,
+        "shards": shards,
+        "state": {k: v.tolist() for k, v in state.items()},
+        "other": {k: v.tolist() for k, v in other_state.items()},
+        "use_fsdp": envvars.setting("ACCELERATE_USE_FSDP"),
+    }
 
 
 @pytest.mark.timeout(120)
 def test_cpu_ram_efficient_loading_broadcasts_rank0_weights() -> None:
     results = run_distributed(_efficient_loading, world_size=2, timeout=60)
+    assert [r["built_on_meta"] for r in results] == [False, True]
+    # no process holds a full copy while sharding: every rank shards an empty (meta) model
+    assert results[0]["at_shard"] == results[1]["at_shard"] == [True, True]
     assert not results[0]["meta"] and not results[1]["meta"]
+    assert results[0]["use_fsdp"] is True  # transformers' from_pretrained reads it
     torch.manual_seed(0)
     expected = TinyTransformer().state_dict()
     for key, value in expected.items():
         assert torch.equal(torch.tensor(results[0]["state"][key]), value), key
+        assert torch.equal(torch.tensor(results[0]["other"][key]), value), key
+    for rank, result in enumerate(results):  # each rank's shard is its chunk of rank 0's tensor
+        for name, local in result["shards"].items():
+            want = torch.chunk(expected[name], 2, dim=0)[rank]
+            assert torch.equal(torch.tensor(local).reshape(want.shape), want), (rank, name)
 
 
 def _load_from_one_process(folder: str) -> dict[str, Any]:

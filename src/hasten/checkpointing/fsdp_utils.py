@@ -64,7 +64,13 @@ def merge_fsdp_weights(
 
 
 def enable_fsdp_ram_efficient_loading() -> None:
-    """Ask for rank-0-only weight loading (``FSDP_CPU_RAM_EFFICIENT_LOADING=true``)."""
+    """Ask for rank-0-only weight loading (``FSDP_CPU_RAM_EFFICIENT_LOADING=true``).
+
+    Also sets ``ACCELERATE_USE_FSDP=true`` when unset, as Accelerate does: transformers'
+    ``from_pretrained`` builds the model on meta on the other ranks only when both are set.
+    """
+    if envvars.read("ACCELERATE_USE_FSDP") is None:
+        envvars.write("ACCELERATE_USE_FSDP", "true")
     envvars.write("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
 
 

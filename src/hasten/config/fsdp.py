@@ -91,6 +91,14 @@ class FullyShardedDataParallelPlugin:
     `auto_wrap_policy` (transformer_based_wrap, size_based_wrap, no_wrap, or a callable),
     `mixed_precision_policy` (fp8/fp16/bf16/fp32, a dict of dtypes or a torch policy) and
     `cpu_offload` (a bool or a torch offload policy).
+
+    `cpu_ram_efficient_loading` (FSDP2): rank 0's weights are broadcast into every process's
+    shards, so the other ranks may build the model on meta and never hold a full copy. For a
+    plain model build it under `init_empty_weights()` off the main process; transformers'
+    ``from_pretrained`` does that by itself (it reads ``FSDP_CPU_RAM_EFFICIENT_LOADING`` and
+    ``ACCELERATE_USE_FSDP``, which this plugin and the Accelerator set). Peak host memory of
+    ``prepare`` (benchmarks/bench_fsdp_memory.py): rank 0 the model plus its shard, the others
+    their shard plus one tensor.
     """
 
     fsdp_version: int = None  # type: ignore[assignment]

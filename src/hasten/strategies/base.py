@@ -29,7 +29,7 @@ from torch import nn
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.precision import Precision, select_precision
 from hasten.scheduler import AcceleratedScheduler
-from hasten.strategies.rebind import canonical_name, rebind_optimizers
+from hasten.strategies.rebind import canonical_name, parameter_ids, rebind_optimizers
 from hasten.strategies.unwrap import extract_model_from_parallel
 
 __all__ = ["BackwardFn", "ModulePreparer", "Strategy"]
@@ -120,7 +120,7 @@ class Strategy:
         Raises:
             ValueError: an optimizer holds parameters that cannot be matched after set-up.
         """
-        before = [_named(m) for m in models]
+        before = [parameter_ids(m) for m in models]  # ids: sharding may free the tensors
         prepared = [prepare(m) for m in models]
         after = [_named(self.unwrap(p, keep_torch_compile=False)) for p in prepared]
         rebind_optimizers([*optimizers, *earlier_optimizers], before, after)

@@ -4,7 +4,9 @@ Preparing a model follows the engine's order: activation checkpointing (composab
 ``checkpoint``, parameter names unchanged), then compilation (regional compilation compiles
 blocks in place), then ``fully_shard`` on each module the wrap policy picks, bottom-up, and on the
 root. With ``cpu_ram_efficient_loading`` rank 0 keeps the real weights while every process
-shards an empty (meta) copy, and the weights are broadcast from rank 0 into the shards.
+shards an empty (meta) copy, and the weights are broadcast from rank 0 into the shards: the
+other ranks may pass a model built on meta (``init_empty_weights``) and then never hold more
+than their shard and one broadcast tensor.
 Optimizers built on the user's model are rebound to the DTensor parameters by name afterwards.
 """
 
@@ -151,6 +153,17 @@ def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
+def _refuse_meta(module: nn.Module) -> None:
+    meta = [name for name, p in module.named_parameters() if p.is_meta]
+    if meta:
+        raise ValueError(
+            f"The model has {len(meta)} parameter(s) on the meta device (first: {meta[0]}), and "
+            "FSDP without cpu_ram_efficient_loading needs real weights on every process. Set "
+            "cpu_ram_efficient_loading=True (FSDP_CPU_RAM_EFFICIENT_LOADING=true) to broadcast "
+            "the main process's weights, or build the real model on every process."
+        )
+
+
 class FSDP2Strategy(ShardedStrategy):
     """Shard with ``torch.distributed.fsdp.fully_shard`` as the plugin asks."""
 
@@ -186,6 +199,8 @@ class FSDP2Strategy(ShardedStrategy):
     ) -> nn.Module:
         self.check_usable()
         efficient = bool(self.plugin.cpu_ram_efficient_loading)
+        if not efficient:
+            _refuse_meta(module)
         full_state = self._take_weights(module) if efficient else None
         buffers = _non_persistent_buffers(module) if efficient else {}
         if efficient:

@@ -4,7 +4,9 @@ Sharding engines replace every parameter object (FSDP2: `DTensor` parameters; FS
 ``use_orig_params``: views into flat parameters), so an optimizer built on the user's model holds
 stale tensors after prepare. The match is by canonical parameter name (wrapper prefixes such as
 ``_fsdp_wrapped_module.`` or ``_checkpoint_wrapped_module.`` removed), never by position, and a
-parameter that cannot be matched is an error rather than a silently frozen weight.
+parameter that cannot be matched is an error rather than a silently frozen weight. The "before"
+side is recorded as ids, not tensors, so set-up can free the unsharded parameters as it shards
+them (only an optimizer that holds them keeps them alive, and then their ids stay unique).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["WRAPPER_PREFIXES", "canonical_name", "rebind_optimizers"]
+__all__ = ["WRAPPER_PREFIXES", "canonical_name", "parameter_ids", "rebind_optimizers"]
 
 #: Name pieces that wrappers insert into parameter names.
 WRAPPER_PREFIXES = (
@@ -32,8 +34,13 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def parameter_ids(module: torch.nn.Module) -> dict[str, int]:
+    """Canonical name -> id of each parameter of ``module`` (shared ones once): the "before"."""
+    return {canonical_name(n): id(p) for n, p in module.named_parameters()}
+
+
 def _moves(
-    befores: Sequence[dict[str, Any]], afters: Sequence[dict[str, Any]]
+    befores: Sequence[dict[str, int]], afters: Sequence[dict[str, Any]]
 ) -> tuple[dict[int, Any], dict[int, str]]:
     moves: dict[int, Any] = {}
     lost: dict[int, str] = {}
@@ -41,22 +48,23 @@ def _moves(
         for name, old in before.items():
             new = after.get(name)
             if new is None:
-                lost[id(old)] = name
-            elif new is not old:
-                moves[id(old)] = new
+                lost[old] = name
+            elif id(new) != old:
+                moves[old] = new
     return moves, lost
 
 
 def rebind_optimizers(
     optimizers: Sequence[torch.optim.Optimizer],
-    befores: Sequence[dict[str, Any]],
+    befores: Sequence[dict[str, int]],
     afters: Sequence[dict[str, Any]],
 ) -> None:
     """Replace, in place, each optimizer parameter that set-up replaced (same name).
 
     Args:
         optimizers: the optimizers to retarget.
-        befores: per model, canonical name -> parameter before set-up.
+        befores: per model, canonical name -> id of the parameter before set-up
+            (`parameter_ids`).
         afters: per model, canonical name -> parameter after set-up.
 
     Raises:

@@ -21,10 +21,20 @@ from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 
 def test_ram_efficient_loading_switches() -> None:
+    envvars.remove("ACCELERATE_USE_FSDP")
     enable_fsdp_ram_efficient_loading()
     assert envvars.setting("FSDP_CPU_RAM_EFFICIENT_LOADING") is True
+    # transformers' from_pretrained loads on meta off rank 0 only when FSDP is on too
+    assert envvars.setting("ACCELERATE_USE_FSDP") is True
     disable_fsdp_ram_efficient_loading()
     assert envvars.setting("FSDP_CPU_RAM_EFFICIENT_LOADING") is False
+    assert envvars.setting("ACCELERATE_USE_FSDP") is True
+
+
+def test_enabling_ram_efficient_loading_keeps_an_explicit_fsdp_switch() -> None:
+    envvars.write("ACCELERATE_USE_FSDP", "false")
+    enable_fsdp_ram_efficient_loading()
+    assert envvars.setting("ACCELERATE_USE_FSDP") is False
 
 
 def test_canonicalize_and_switch_parameters() -> None:

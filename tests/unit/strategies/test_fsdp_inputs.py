@@ -8,6 +8,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy
 
 from _support.fsdp_models import TinyTransformer
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.precision import Precision
 from hasten.strategies.fsdp1 import FSDP1Strategy
 from hasten.strategies.fsdp2 import (
     FSDP2Strategy,
@@ -122,3 +123,13 @@ def test_fp16_scalers() -> None:
     v2 = FSDP2Strategy(FullyShardedDataParallelPlugin(fsdp_version=2), CPU)
     scaler = v2.select_precision("fp16", CPU, None, None).scaler
     assert type(scaler) is torch.amp.GradScaler  # DTensor gradients: torch's plain scaler
+
+
+def test_a_meta_model_needs_cpu_ram_efficient_loading() -> None:
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_ram_efficient_loading=False)
+    with torch.device("meta"):
+        model = TinyTransformer()
+    with pytest.raises(ValueError, match=r"on the meta device.*cpu_ram_efficient_loading=True"):
+        FSDP2Strategy(plugin, CPU).prepare_module(
+            model, CPU, precision=Precision("no"), compile_fn=lambda m: m
+        )

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from hasten.strategies.rebind import canonical_name, rebind_optimizers
+from hasten.strategies.rebind import canonical_name, parameter_ids, rebind_optimizers
 
 
 def _named(module: nn.Module) -> dict[str, nn.Parameter]:
@@ -23,7 +23,7 @@ def test_rebind_follows_names_not_positions() -> None:
     new = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     # the optimizer lists the parameters in another order than the model
     opt = torch.optim.SGD(list(old.parameters())[::-1], lr=0.1)
-    rebind_optimizers([opt], [_named(old)], [_named(new)])
+    rebind_optimizers([opt], [parameter_ids(old)], [_named(new)])
     assert opt.param_groups[0]["params"] == list(new.parameters())[::-1]
 
 
@@ -32,7 +32,7 @@ def test_rebind_moves_existing_state_when_the_layout_is_unchanged() -> None:
     opt = torch.optim.SGD(old.parameters(), lr=0.1, momentum=0.9)
     old(torch.ones(1, 2)).sum().backward()
     opt.step()
-    rebind_optimizers([opt], [_named(old)], [_named(new)])
+    rebind_optimizers([opt], [parameter_ids(old)], [_named(new)])
     assert set(opt.state) == set(new.parameters())
 
 
@@ -40,7 +40,7 @@ def test_a_parameter_that_vanished_is_an_error() -> None:
     old, new = nn.Linear(2, 2), nn.Linear(2, 2, bias=False)
     opt = torch.optim.SGD(old.parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r"1 parameter\(s\) that no longer exist.*first: bias"):
-        rebind_optimizers([opt], [_named(old)], [_named(new)])
+        rebind_optimizers([opt], [parameter_ids(old)], [_named(new)])
 
 
 def test_merged_parameters_are_an_error() -> None:
@@ -48,7 +48,7 @@ def test_merged_parameters_are_an_error() -> None:
     flat = nn.Parameter(torch.zeros(6))
     opt = torch.optim.SGD(old.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="held 2 parameters but 1 remain"):
-        rebind_optimizers([opt], [_named(old)], [{"weight": flat, "bias": flat}])
+        rebind_optimizers([opt], [parameter_ids(old)], [{"weight": flat, "bias": flat}])
 
 
 def test_state_that_cannot_follow_a_new_layout_is_an_error() -> None:
@@ -62,4 +62,4 @@ def test_state_that_cannot_follow_a_new_layout_is_an_error() -> None:
 
     after = {n: Other(p.detach().clone()) for n, p in _named(old).items()}
     with pytest.raises(ValueError, match="already has state"):
-        rebind_optimizers([opt], [_named(old)], [after])
+        rebind_optimizers([opt], [parameter_ids(old)], [after])
