@@ -148,6 +148,8 @@ def transformer_config_kwargs(args: SimpleNamespace) -> dict[str, Any]:
         "moe_shared_expert_intermediate_size": _get(args, "moe_shared_expert_intermediate_size"),
         "variable_seq_lengths": False,
     }
+    if _get(args, "use_cpu_initialization"):
+        kwargs["use_cpu_initialization"] = True  # Megatron's --use-cpu-initialization
     if _get(args, "kv_channels") is not None:
         kwargs["kv_channels"] = args.kv_channels
     for name in _FP8_FIELDS:
