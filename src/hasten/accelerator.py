@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from typing import Any, TypeVar
@@ -1176,10 +1177,15 @@ class Accelerator:
     def _checkpoint_contents(self, for_save: bool) -> CheckpointContents:
         if self.strategy.checkpoint_layout == "engine":  # DeepSpeed writes its parts itself
             if for_save and not self.sync_gradients:
-                raise RuntimeError(
-                    "save_state() was called in the middle of a DeepSpeed accumulation cycle; "
-                    "DeepSpeed does not checkpoint partly accumulated gradients. Save when "
-                    "accelerator.sync_gradients is True (after the optimizer step)."
+                warnings.warn(
+                    "save_state() in the middle of a DeepSpeed accumulation cycle: DeepSpeed's "
+                    "checkpoint does not hold the partly accumulated gradients, so after a "
+                    "resume from it the first update has only the gradients of the micro-"
+                    "batches that follow. Save when "
+                    "accelerator.sync_gradients is True (after the optimizer step) for an "
+                    "exact resume.",
+                    RuntimeWarning,
+                    stacklevel=3,
                 )
             return CheckpointContents(
                 prepared_models=list(self._models),

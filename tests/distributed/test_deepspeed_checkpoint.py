@@ -6,6 +6,7 @@ manifest and publishes the folder atomically, and verifies them before the engin
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -137,8 +138,8 @@ def _train_then_die(project: Path, weights_file: Path) -> None:  # pragma: no co
     strategy = accelerator.strategy
     original = strategy.save_checkpoint
 
-    def save_then_die(folder: Path) -> None:
-        original(folder)  # the engine's files are on disk; hasten has not published yet
+    def save_then_die(folder: Path, files: Any = None) -> None:
+        original(folder, files)  # the engine's files are on disk; hasten has not published yet
         os.kill(os.getpid(), signal.SIGKILL)
 
     strategy.save_checkpoint = save_then_die  # type: ignore[method-assign]
@@ -197,3 +198,70 @@ def test_a_damaged_engine_file_is_refused_before_the_engine_reads_it(tmp_path: P
     target.write_bytes(bytes(data))
     messages = run_distributed(_load_expecting_corruption, str(folder), world_size=2, timeout=240)
     assert any("zero_pp_rank_1_mp_rank_00_optim_states.pt" in m for m in messages)
+
+
+def _failing_serializer(obj: Any, handle: Any) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _async_mid_cycle_and_failing_saves(root: str) -> dict[str, Any]:
+    from hasten.state import PartialState
+
+    accelerator, model, optimizer, loader, _ = _setup(2)
+    rank = PartialState().process_index
+    batches = iter(loader)
+    _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
+    accelerator.save_state(os.path.join(root, "async"), async_save=True)
+    # training goes on while the checkpoint is written; it must hold the state at the call
+    after_async = _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
+    _micro_steps(accelerator, model, optimizer, [next(batches)])  # mid-cycle now
+    with pytest.warns(RuntimeWarning, match="middle of a DeepSpeed accumulation cycle"):
+        accelerator.save_state(os.path.join(root, "mid"))
+    after_mid = _micro_steps(accelerator, model, optimizer, [next(batches)])
+    engine = accelerator.strategy.engines[0]
+    if rank == 1:  # one process cannot write its ZeRO partition
+        engine.checkpoint_engine._serialize = _failing_serializer
+    with pytest.raises((OSError, RuntimeError)) as failed:
+        accelerator.save_state(os.path.join(root, "failed"))
+    published = os.path.exists(os.path.join(root, "failed"))
+    engine.checkpoint_engine.__dict__.pop("_serialize", None)
+    accelerator.save_state(os.path.join(root, "failed"))  # the next save works
+    return {
+        "after_async": after_async,
+        "after_mid": after_mid,
+        "failure": str(failed.value),
+        "published_after_failure": published,
+    }
+
+
+def _resume_from(folder: str, micro_steps: int) -> dict[str, Any]:
+    accelerator, model, optimizer, loader, _ = _setup(2)
+    accelerator.load_state(folder)
+    batches = iter(loader)  # resumes at the saved position
+    losses = _micro_steps(accelerator, model, optimizer, [next(batches)])
+    boundary = accelerator.sync_gradients
+    losses += _micro_steps(
+        accelerator, model, optimizer, [next(batches) for _ in range(micro_steps - 1)]
+    )
+    return {"losses": losses, "boundary": boundary}
+
+
+def test_async_save_mid_cycle_save_and_a_failed_engine_write(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    first = run_distributed(_async_mid_cycle_and_failing_saves, root, world_size=2, timeout=240)
+    for rank in range(2):
+        assert not first[rank]["published_after_failure"]
+    assert "No space left on device" in first[1]["failure"]
+    assert "Process 1 could not write its part" in first[0]["failure"]
+    assert not list(tmp_path.glob(".failed*"))  # the failed save's staging folder is gone
+    assert (tmp_path / "failed" / "hasten_manifest.json").is_file()
+    manifest = (tmp_path / "async" / "hasten_manifest.json").read_text()
+    for name in ("zero_pp_rank_1_mp_rank_00_optim_states.pt", "latest", "zero_to_fp32.py"):
+        assert name in manifest
+    resumed = run_distributed(_resume_from, str(tmp_path / "async"), 4, world_size=2, timeout=240)
+    for rank in range(2):  # the asynchronous checkpoint is the state when save_state was called
+        assert resumed[rank]["losses"] == first[rank]["after_async"]
+    mid = run_distributed(_resume_from, str(tmp_path / "mid"), 1, world_size=2, timeout=240)
+    for rank in range(2):  # same weights, and the cycle's boundary where it was
+        assert mid[rank]["losses"] == first[rank]["after_mid"]
+        assert mid[rank]["boundary"] is True

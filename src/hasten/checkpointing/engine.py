@@ -1,25 +1,34 @@
 """Checkpoints written by an engine (DeepSpeed) inside hasten's staged, verified folder.
 
-The engine writes its own files (each process its ZeRO partition) into the staging folder;
-hasten then checksums and fsyncs them (each process a share of the files), lists them in the
-manifest with everything else, and publishes the folder by renaming it, so a kill at any moment
-leaves the previous checkpoint loadable. On load, every engine file is verified against the
-manifest (each process a share) before the engine reads any of it.
+The engine hands each of its files (each process its ZeRO partition) to `EngineFiles`, which
+writes it through hasten's writer: the bytes are hashed as they are written and the file is
+fsynced on a background thread while the engine goes on, so nothing is read back. For an
+asynchronous save the state is copied to host memory instead and written by the save's thread.
+Files the engine writes by itself (its ``latest`` tag file, its recovery script, or every file
+of a non-default checkpoint engine) are checksummed and fsynced afterwards (`record_existing`).
+All are listed in the manifest and the folder is published by one rename, so a kill at any
+moment leaves the previous checkpoint loadable. On load, every engine file is verified against
+the manifest (each process a share) before the engine reads any of it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from hasten.checkpointing import checksum
-from hasten.checkpointing.io import fsync_directory
-from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory
+from hasten.checkpointing.manifest import ChecksumWriter, CorruptCheckpointError, FileRecord
 
 __all__ = [
     "EngineCheckpoint",
+    "EngineFiles",
     "engine_file_names",
+    "fsync_path",
+    "hash_existing",
     "record_existing",
     "sync_directories",
     "verify_existing",
@@ -31,13 +40,103 @@ _READ_BYTES = 16 << 20
 class EngineCheckpoint(Protocol):
     """What a strategy whose engine writes its own checkpoint provides."""
 
-    def save_checkpoint(self, folder: Path) -> None:
-        """Write the engine state into ``folder`` (every process together)."""
+    def save_checkpoint(self, folder: Path, files: EngineFiles | None = None) -> None:
+        """Write the engine state into ``folder`` (every process together), via ``files``."""
         ...
 
     def load_checkpoint(self, folder: Path, strict: bool = True) -> None:
         """Restore the engine state from ``folder`` (every process together)."""
         ...
+
+
+Serializer = Callable[[Any, BinaryIO], None]
+
+
+class EngineFiles:
+    """The files one process's engine writes during a save, taken through hasten's writer.
+
+    Synchronously, `write` serialises the file at once through a hashing writer and queues its
+    fsync on a background thread. With ``copy`` (an asynchronous save), `write` only copies the
+    object to host memory; `jobs` then gives the files for the save's thread to write. A failure
+    is kept, not raised into the engine (which would leave the other processes waiting in its
+    collectives), and reported by `finish`, which every process reaches.
+
+    Args:
+        folder: the staging folder the engine writes into.
+        copy: copies an object's tensors to host memory (asynchronous saves), or None.
+    """
+
+    def __init__(self, folder: Path, copy: Callable[[Any], Any] | None = None) -> None:
+        self.folder = Path(folder)
+        self._copy = copy
+        self._records: list[FileRecord] = []
+        self._queued: list[tuple[str, Any, Serializer]] = []
+        self._syncs: list[tuple[str, Future[None]]] = []
+        self.failure: tuple[str, BaseException] | None = None
+
+    def _name(self, path: str) -> str:
+        name = os.path.relpath(os.path.abspath(path), self.folder)
+        if name.startswith(os.pardir) or os.path.isabs(name):
+            raise ValueError(
+                f"The engine wrote {path} outside the checkpoint folder {self.folder}."
+            )
+        return name
+
+    def write(self, path: str, obj: Any, serialize: Serializer) -> None:
+        """Take one file of the engine: written now (hashed, fsync queued) or copied for later."""
+        if self.failure is not None:
+            return
+        name = path
+        try:
+            name = self._name(path)
+            if self._copy is not None:
+                self._queued.append((name, self._copy(obj), serialize))
+                return
+            with open(self.folder / name, "wb") as handle:
+                writer = ChecksumWriter(EarlyWriteback(handle))
+                serialize(obj, writer)  # type: ignore[arg-type]
+                handle.flush()
+            self._records.append(writer.record(name))
+            future = file_threads().submit(fsync_path, self.folder / name)
+            self._syncs.append((name, future))
+        except Exception as exc:  # noqa: BLE001 - reported by finish() on this process
+            self.failure = (name, exc)
+
+    def jobs(self) -> list[tuple[str, Callable[[BinaryIO], None]]]:
+        """(name, write) of every file copied for an asynchronous save, in the engine's order."""
+        queued, self._queued = self._queued, []
+        return [(name, _bound(serialize, obj)) for name, obj, serialize in queued]
+
+    def finish(self) -> list[FileRecord]:
+        """Wait for the fsyncs (and the folders holding the files); return the records.
+
+        Raises:
+            Exception: the first failure of a write or an fsync, with the file's name in
+                ``failure``.
+        """
+        for name, future in self._syncs:
+            try:
+                future.result()
+            except OSError as exc:
+                self.failure = self.failure or (name, exc)
+        if self.failure is not None:
+            raise self.failure[1]
+        records, self._records, self._syncs = self._records, [], []
+        sync_directories(self.folder, [r.name for r in records])
+        return records
+
+
+def _bound(serialize: Serializer, obj: Any) -> Callable[[BinaryIO], None]:
+    return lambda handle: serialize(obj, handle)
+
+
+def fsync_path(path: Path) -> None:
+    """Fsync the file at ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def engine_file_names(folder: Path, skip: tuple[str, ...] = ()) -> list[str]:
@@ -65,16 +164,17 @@ def _hash(path: Path, block_bytes: int) -> tuple[int, list[str]]:
     return hasher.size, hasher.digests()
 
 
+def hash_existing(folder: Path, name: str) -> FileRecord:
+    """Checksum a file someone else wrote into ``folder``; return its record (not fsynced)."""
+    size, digests = _hash(folder / name, checksum.BLOCK_BYTES)
+    return FileRecord(name, size, tuple(digests))
+
+
 def record_existing(folder: Path, name: str) -> FileRecord:
     """Checksum and fsync a file someone else wrote into ``folder``; return its record."""
-    path = folder / name
-    size, digests = _hash(path, checksum.BLOCK_BYTES)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return FileRecord(name, size, tuple(digests))
+    record = hash_existing(folder, name)
+    fsync_path(folder / name)
+    return record
 
 
 def sync_directories(folder: Path, names: list[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
 from hasten.checkpointing.io import fsync_directory
@@ -41,6 +42,7 @@ __all__ = [
     "scaler_file",
     "scheduler_file",
     "staging_path",
+    "wait_for_removals",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint_"
@@ -108,13 +110,44 @@ def staging_path(final: Path) -> Path:
     return final.parent / f".{final.name}.partial"
 
 
+_REMOVALS: dict[Path, threading.Thread] = {}
+_REMOVALS_LOCK = threading.Lock()
+
+
+def _remove_in_background(path: Path) -> None:
+    thread = threading.Thread(
+        target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, name="hasten-remove"
+    )
+    with _REMOVALS_LOCK:
+        _REMOVALS[path] = thread
+    thread.start()
+
+
+def _wait_for_removal(path: Path) -> None:
+    with _REMOVALS_LOCK:
+        thread = _REMOVALS.pop(path, None)
+    if thread is not None:
+        thread.join()
+
+
+def wait_for_removals() -> None:
+    """Wait until the folders `publish` replaced are deleted (``end_training`` does)."""
+    with _REMOVALS_LOCK:
+        paths = list(_REMOVALS)
+    for path in paths:
+        _wait_for_removal(path)
+
+
 def publish(staging: Path, final: Path) -> None:
     """Rename a finished staging folder to ``final``, replacing an older folder of that name.
 
-    The older folder is moved aside first and deleted only after the new one is in place, so a
-    crash at any moment leaves one complete checkpoint under ``final`` or beside it.
+    The older folder is moved aside first and deleted only after the new one is in place (on a
+    background thread: freeing a large checkpoint's blocks takes a while, and nothing needs to
+    wait for it but the next publish to the same name), so a crash at any moment leaves one
+    complete checkpoint under ``final`` or beside it.
     """
     aside = final.parent / f".{final.name}.old"
+    _wait_for_removal(aside)
     if aside.exists():
         shutil.rmtree(aside)
     if final.exists():
@@ -122,7 +155,7 @@ def publish(staging: Path, final: Path) -> None:
     os.replace(staging, final)
     fsync_directory(final.parent)
     if aside.exists():
-        shutil.rmtree(aside)
+        _remove_in_background(aside)
 
 
 def checkpoint_number(folder: Path) -> int | None:

@@ -142,6 +142,7 @@ class CheckpointManager:
     def finish(self) -> None:
         """End of training: finish a pending save and stop watching for preemption."""
         self.wait()
+        layout.wait_for_removals()  # replaced checkpoint folders are gone when training ends
         if self._watcher is not None:
             self._watcher.uninstall()
             self._watcher = None

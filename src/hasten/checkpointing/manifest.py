@@ -86,7 +86,11 @@ def write_bytes(folder: Path, name: str, data: bytes) -> FileRecord:
 
 
 def write_manifest(folder: Path, records: list[FileRecord], extra: dict[str, Any]) -> None:
-    """Write the manifest last: its presence marks the folder complete."""
+    """Write the manifest last into a staging folder: its presence marks the folder complete.
+
+    No temporary file is needed: nothing reads a staging folder before it is renamed into
+    place, which happens only after this returns (manifest and folder fsynced).
+    """
     names = [r.name for r in records]
     if len(names) != len(set(names)):
         raise RuntimeError(f"Two processes wrote the same checkpoint file in {folder}: {names}")
@@ -97,8 +101,10 @@ def write_manifest(folder: Path, records: list[FileRecord], extra: dict[str, Any
         "files": [r.to_json() for r in sorted(records, key=lambda r: r.name)],
         **extra,
     }
-    with atomic_write(folder / MANIFEST_NAME) as handle:
+    with open(folder / MANIFEST_NAME, "wb") as handle:
         handle.write(json.dumps(payload, indent=1).encode())
+        handle.flush()
+        os.fsync(handle.fileno())
     fsync_directory(folder)
 
 

@@ -28,7 +28,7 @@ from typing import Any, cast
 import torch
 
 from hasten.checkpointing import layout
-from hasten.checkpointing.engine import EngineCheckpoint, engine_file_names, verify_existing
+from hasten.checkpointing.engine import EngineCheckpoint, EngineFiles, verify_existing
 from hasten.checkpointing.io import load, save
 from hasten.checkpointing.layout import custom_object_file
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
@@ -53,6 +53,7 @@ from hasten.checkpointing.writer import (
     prepare_staging,
     run_plan,
     safetensors_job,
+    start_jobs,
 )
 from hasten.core.errors import CheckpointNotFoundError
 from hasten.core.nested import recursively_apply
@@ -213,11 +214,6 @@ def save_contents(
     ``host_buffers`` (async only) are reused from the previous asynchronous save.
     """
     self_writing = _self_writing_engine(contents)
-    if self_writing is not None and async_save:
-        raise ValueError(
-            "save_state(async_save=True) is not available with DeepSpeed: its engine writes its "
-            "checkpoint itself, synchronously. Call save_state() without async_save."
-        )
     state = PartialState()
     is_writer = state.is_local_main_process if save_on_each_node else state.is_main_process
     buffers = (host_buffers or HostBuffers()) if async_save else None
@@ -249,7 +245,10 @@ def save_contents(
     if buffers is not None:
         buffers.finish()  # device copies landed: training may change the originals now
     prepare_staging(plan)
-    state.wait_for_everyone()  # the staging folder exists before anyone writes into it
+    if self_writing is not None:  # its own first barrier comes after the folder is made
+        _engine_save(self_writing, plan, buffers)
+    else:
+        state.wait_for_everyone()  # the staging folder exists before anyone writes into it
     if _sharded(contents):  # collective: every process writes its shards now, in parallel
         try:
             plan.prewritten = save_sharded_parts(
@@ -260,8 +259,6 @@ def save_contents(
                 shutil.rmtree(plan.staging, ignore_errors=True)
             _agree_on_outcome(state, exc)
             raise
-    if self_writing is not None:
-        _engine_save(self_writing, plan, state)
     if async_save:
         return PendingSave(plan, deferred)
     try:
@@ -273,19 +270,28 @@ def save_contents(
     return final
 
 
-def _engine_save(engine: EngineCheckpoint, plan: SavePlan, state: PartialState) -> None:
-    """The engine writes its files; each process then adopts its share of all of them."""
+def _engine_save(engine: EngineCheckpoint, plan: SavePlan, buffers: HostBuffers | None) -> None:
+    """The engine writes its files through hasten's writer (copies them, when asynchronous).
+
+    The engine's ``save_checkpoint`` starts with a barrier after the main process made the
+    staging folder and ends with one after every process wrote its files, so no barrier of
+    hasten's is needed: a failure to write a file is reported through the record files and
+    the outcome every process agrees on after publishing.
+    """
+    files = EngineFiles(plan.staging, buffers.copy if buffers is not None else None)
+    if buffers is None and plan.is_writer:
+        start_jobs(plan)  # the staging folder exists here; the others' only after a barrier
     try:
-        engine.save_checkpoint(plan.staging)
-    except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
-        _agree_on_outcome(state, exc)
+        engine.save_checkpoint(plan.staging, files)
+    except BaseException:
+        if plan.is_writer:
+            shutil.rmtree(plan.staging, ignore_errors=True)
         raise
-    _agree_on_outcome(state, None)  # every engine file is on disk before anyone lists them
-    own = {job.name for job in plan.jobs}
-    names = [n for n in engine_file_names(plan.staging) if n not in own]
-    plan.adopted = names[state.process_index :: state.num_processes]
-    # every process lists the same files: none writes its own (RNG, ...) before all have listed
-    state.wait_for_everyone()
+    if buffers is not None:
+        plan.jobs += [FileJob(name, write) for name, write in files.jobs()]
+        buffers.finish()  # device copies of the engine's state landed
+    plan.engine_files = files
+    plan.adopt_unlisted = True
 
 
 def finish_async_save(pending: PendingSave) -> Path:

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,14 @@ from typing import Any
 import torch
 
 from hasten.checkpointing import layout
-from hasten.checkpointing.engine import record_existing, sync_directories
-from hasten.checkpointing.io import EarlyWriteback, fsync_directory
+from hasten.checkpointing.engine import (
+    EngineFiles,
+    engine_file_names,
+    fsync_path,
+    hash_existing,
+    sync_directories,
+)
+from hasten.checkpointing.io import EarlyWriteback, file_threads
 from hasten.checkpointing.manifest import ChecksumWriter, FileRecord, write_manifest
 from hasten.checkpointing.tensors import write_safetensors
 from hasten.core.nested import recursively_apply
@@ -43,6 +49,7 @@ __all__ = [
     "prepare_staging",
     "run_plan",
     "safetensors_job",
+    "start_jobs",
 ]
 
 _RECORDS = ".records_{rank}.json"
@@ -160,8 +167,12 @@ class SavePlan:
     total_limit: int | None = None
     project_dir: str | None = None
     save_on_each_node: bool = False
-    #: Files an engine already wrote into the staging folder that this process checksums.
-    adopted: list[str] = field(default_factory=list)
+    #: The files this process's engine wrote through hasten (hashed while written).
+    engine_files: EngineFiles | None = None
+    #: The writer checksums every file no process listed (written by an engine itself).
+    adopt_unlisted: bool = False
+    #: This process's own files, when `start_jobs` began writing them early.
+    started: list[Future[FileRecord]] | None = None
 
     @property
     def staging(self) -> Path:
@@ -209,7 +220,7 @@ def _collect_records(plan: SavePlan) -> list[FileRecord]:
                     f"Process {rank} did not finish writing its part of {plan.final} within "
                     f"{_PEER_TIMEOUT_S:.0f}s; the checkpoint was not published."
                 )
-            time.sleep(0.005)
+            time.sleep(0.001)
         payload = json.loads(path.read_text())
         if "error" in payload:
             raise RuntimeError(
@@ -244,15 +255,39 @@ def _sync_named(folder: Path, record: FileRecord) -> None:
         raise _FileFailed(record.name, exc) from exc
 
 
-def _adopt_named(folder: Path, name: str) -> FileRecord:
+def _hash_named(folder: Path, name: str) -> FileRecord:
     try:
-        return record_existing(folder, name)
+        return hash_existing(folder, name)
     except OSError as exc:
         raise _FileFailed(name, exc) from exc
 
 
-def _write_threads(jobs: int) -> int:
-    return max(1, min(4, jobs, os.cpu_count() or 1))
+def _write_and_sync(folder: Path, job: FileJob) -> FileRecord:
+    record = _write_named(folder, job)
+    _sync_named(folder, record)
+    return record
+
+
+def start_jobs(plan: SavePlan) -> None:
+    """Start writing (and fsyncing) this process's own files on the file threads now.
+
+    For a save whose engine works first (DeepSpeed): hasten's small files are written while
+    the engine serialises its state; `run_plan` then only waits for them.
+    """
+    pool = file_threads()
+    plan.started = [pool.submit(_write_and_sync, plan.staging, job) for job in plan.jobs]
+
+
+def _engine_records(plan: SavePlan) -> list[FileRecord]:
+    """The engine's files written through hasten, once their fsyncs are done."""
+    files = plan.engine_files
+    if files is None:
+        return []
+    try:
+        return files.finish()
+    except OSError as exc:
+        name = files.failure[0] if files.failure is not None else "an engine file"
+        raise _FileFailed(name, exc) from exc
 
 
 def _write_all(plan: SavePlan) -> list[FileRecord]:
@@ -264,13 +299,14 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
     """
     records: list[FileRecord] = []
     try:
-        count = len(plan.jobs) + len(plan.adopted)
-        with ThreadPoolExecutor(_write_threads(count), "hasten-write") as pool:
+        if plan.started is not None:
+            records = [future.result() for future in plan.started]
+        else:
+            pool = file_threads()
             records = list(pool.map(functools.partial(_write_named, plan.staging), plan.jobs))
             list(pool.map(functools.partial(_sync_named, plan.staging), records))
-            # engine-written files: checksummed and fsynced here, like hasten's own
-            records += pool.map(functools.partial(_adopt_named, plan.staging), plan.adopted)
-        sync_directories(plan.staging, plan.adopted)
+        sync_directories(plan.staging, [r.name for r in records])
+        records += _engine_records(plan)
     except _FileFailed as failed:
         exc = failed.error
         message = f"{exc.strerror or exc} while writing {failed.name}"
@@ -282,7 +318,33 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
             "checkpoints are untouched. Free some space (or choose another folder) and save "
             "again.",
         ) from exc
+    except Exception as exc:
+        with contextlib.suppress(OSError):  # e.g. an object that cannot be serialised
+            _publish_records(plan, records, error=f"{type(exc).__name__}: {exc}")
+        raise
     return records
+
+
+def _adopt_unlisted(
+    plan: SavePlan, listed: list[FileRecord]
+) -> tuple[list[FileRecord], list[Future[None]]]:
+    """Checksum the files an engine wrote by itself (no process listed them); start their fsyncs.
+
+    The fsyncs run while the manifest is written; the folder is published after both.
+    """
+    known = {r.name for r in listed}
+    names = [n for n in engine_file_names(plan.staging) if n not in known]
+    pool = file_threads()
+    try:
+        records = list(pool.map(functools.partial(_hash_named, plan.staging), names))
+    except _FileFailed as failed:
+        raise OSError(
+            failed.error.errno,
+            f"{failed.error.strerror or failed.error} while checksumming {failed.name} of the "
+            f"checkpoint {plan.final}: it was not published and the earlier checkpoints are "
+            "untouched.",
+        ) from failed.error
+    return records, [pool.submit(fsync_path, plan.staging / n) for n in names]
 
 
 def run_plan(plan: SavePlan, before: Callable[[], None] | None = None) -> Path:
@@ -312,10 +374,17 @@ def _run_plan(plan: SavePlan, before: Callable[[], None] | None) -> Path:
     if not plan.is_writer:
         return plan.final
     everyone = _collect_records(plan)
+    syncs: list[Future[None]] = []
+    adopted: list[FileRecord] = []
+    if plan.adopt_unlisted:
+        adopted, syncs = _adopt_unlisted(plan, everyone)
+        everyone += adopted
     for rank in range(plan.num_processes):
         (plan.staging / _RECORDS.format(rank=rank)).unlink(missing_ok=True)
-    fsync_directory(plan.staging)
     write_manifest(plan.staging, everyone, plan.extra)
+    for future in syncs:
+        future.result()
+    sync_directories(plan.staging, [r.name for r in adopted])
     layout.publish(plan.staging, plan.final)
     if plan.total_limit is not None and plan.project_dir is not None:
         layout.prune_checkpoints(plan.project_dir, plan.total_limit)

@@ -110,6 +110,13 @@ def test_publish_replaces_an_existing_folder(tmp_path: Path) -> None:
     _complete(staging, b"new")
     layout.publish(staging, final)
     assert (final / "a.bin").read_bytes() == b"new"
+    # the replaced folder is deleted on a background thread
+    layout.wait_for_removals()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    _complete(staging, b"newer")
+    layout.publish(staging, final)  # again: waits for nothing, replaces, removes
+    layout.wait_for_removals()
+    assert (final / "a.bin").read_bytes() == b"newer"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 

@@ -29,6 +29,12 @@ from hasten.precision import Precision, select_precision
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import GradientState, PartialState
 from hasten.strategies.base import BackwardFn, ModulePreparer, Strategy
+from hasten.strategies.deepspeed.checkpoint import (
+    EngineFileSink,
+    HastenCheckpointEngine,
+    check_checkpoint_engine,
+    install_checkpoint_engine,
+)
 from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from hasten.strategies.deepspeed.resolve import EngineInputs, resolve_config
 from hasten.strategies.deepspeed.wrappers import (
@@ -207,6 +213,7 @@ class DeepSpeedStrategy(Strategy):
             # At interpreter exit, engines go first (atexit runs before module teardown, in
             # reverse order of registration: after torch's own exit handlers were registered).
             atexit.register(_call_if_alive, weakref.WeakMethod(self.release_at_exit))
+        install_checkpoint_engine(engine)
         self.engines.append(engine)
         if optimizer is None:
             # an inference engine: ZeRO-3 still returns its parameter-offload "optimizer"
@@ -350,10 +357,23 @@ class DeepSpeedStrategy(Strategy):
     def _engine_of(self, model: nn.Module) -> Any:
         return next((e for e in self.engines if e is model or e.module is model), None)
 
-    def save_checkpoint(self, folder: Path) -> None:
-        """Every engine writes its checkpoint (all processes call this together)."""
+    def save_checkpoint(self, folder: Path, files: EngineFileSink | None = None) -> None:
+        """Every engine writes its checkpoint (all processes call this together).
+
+        Each file goes to ``files`` (hasten's writer) when given and the engine uses
+        DeepSpeed's default checkpoint engine; other checkpoint engines write their own files.
+        """
+        for engine in self.engines:
+            check_checkpoint_engine(engine)
         for index, engine in enumerate(self.engines):
-            engine.save_checkpoint(str(folder), tag=engine_tag(index))
+            writer = engine.checkpoint_engine
+            route = (
+                writer.writing_to(files)
+                if isinstance(writer, HastenCheckpointEngine)
+                else contextlib.nullcontext()
+            )
+            with route:
+                engine.save_checkpoint(str(folder), tag=engine_tag(index))
 
     def load_checkpoint(self, folder: Path, strict: bool = True) -> None:
         """Every engine loads its checkpoint (module, optimizer, scheduler, step counters).
