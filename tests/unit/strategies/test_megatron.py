@@ -518,6 +518,9 @@ def test_prepare_with_a_dummy_loader_builds_megatrons_datasets(
     model.train()
     assert model(**batches[0]).loss.item() == pytest.approx(3.0)
     assert model.train_step_handler.get_batch(iter(batches))[0].tolist()[0] == [0, 1]
+    # Accelerate's building blocks: a resumed loader over one dataset, the accelerator's device
+    resumed = dummy.build_pretraining_data_loader(gpt_samples(40), consumed_samples=8)
+    assert next(iter(resumed))["text"][:, 0].tolist() == [8, 9, 10, 11]
 
 
 def test_dummy_loader_inputs_are_checked(fake_engine: dict) -> None:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from hasten.data_loader import prepare_data_loader as shard_data_loader
 from hasten.data_loader.base import dataloader_kwargs
+from hasten.state import PartialState
 
 __all__ = [
     "MegatronLMDummyDataLoader",
@@ -109,6 +110,42 @@ class MegatronLMDummyDataLoader:
             if key in self._given and value is not None or getattr(args, key, None) is None:
                 setattr(args, key, value)
 
+    def get_train_valid_test_datasets_provider(self, accelerator: Any) -> Any:
+        """Return ``provider(train_valid_test_num_samples) -> (train, valid, test)`` datasets:
+        the plugin's ``custom_megatron_datasets_provider_function``, else megatron-core's
+        builder over this dummy's arguments."""
+        plugin = accelerator.state.megatron_lm_plugin
+        if plugin.custom_megatron_datasets_provider_function is not None:
+            return plugin.custom_megatron_datasets_provider_function
+
+        def provider(train_valid_test_num_samples: list[int]) -> list[Any]:
+            from hasten.strategies.megatron.datasets import build_datasets
+            from hasten.strategies.megatron.engine import get_args
+
+            return build_datasets(get_args(), self.dataset_args, train_valid_test_num_samples)
+
+        return provider
+
+    def build_pretraining_data_loader(
+        self, dataset: Any, consumed_samples: int, accelerator: Any = None
+    ) -> Any:
+        """A loader over ``dataset`` in Megatron's order for this data-parallel rank, after
+        ``consumed_samples`` (one global step's samples of this rank per batch)."""
+        from hasten.strategies.megatron.engine import data_parallel_rank_and_size, get_args
+
+        args = get_args()
+        rank, size = data_parallel_rank_and_size()
+        return dataset_loader(
+            dataset,
+            consumed=consumed_samples,
+            batch_size=args.micro_batch_size * args.num_micro_batches,
+            rank=rank,
+            size=size,
+            device=accelerator.device if accelerator is not None else PartialState().device,
+            num_workers=int(self.dataset_args.get("num_workers") or 0),
+            rng_types=list(accelerator.rng_types) if accelerator is not None else [],
+        )
+
     def build_train_valid_test_data_iterators(self, accelerator: Any) -> tuple[Any, Any, Any]:
         """Build the train, valid and test loaders over Megatron's datasets (None: empty split).
 
@@ -155,37 +192,19 @@ def dataset_loader(
 
 
 def megatron_data_loaders(accelerator: Any, dummy: MegatronLMDummyDataLoader) -> tuple:
-    """The (train, valid, test) loaders of ``dummy``'s datasets; the plugin's
-    ``custom_megatron_datasets_provider_function(sizes)`` replaces megatron-core's builder."""
+    """The (train, valid, test) loaders of ``dummy``'s datasets (None for an empty split)."""
     from hasten.strategies.megatron import datasets
-    from hasten.strategies.megatron.engine import data_parallel_rank_and_size, get_args
+    from hasten.strategies.megatron.engine import get_args
 
-    args = get_args()
-    sizes = datasets.num_samples_per_split(args)
-    provider = accelerator.state.megatron_lm_plugin.custom_megatron_datasets_provider_function
-    if provider is not None:
-        built = list(provider(sizes))
-    else:
-        built = datasets.build_datasets(args, dummy.dataset_args, sizes)
-    rank, size = data_parallel_rank_and_size()
-    loaders: list[Any] = []
-    for dataset, consumed in zip(built, datasets.consumed_samples(args)):
-        if dataset is None or len(dataset) == 0:
-            loaders.append(None)
-            continue
-        loaders.append(
-            dataset_loader(
-                dataset,
-                consumed=consumed,
-                batch_size=args.micro_batch_size * args.num_micro_batches,
-                rank=rank,
-                size=size,
-                device=accelerator.device,
-                num_workers=int(dummy.dataset_args.get("num_workers") or 0),
-                rng_types=list(accelerator.rng_types),
-            )
-        )
-    return tuple(loaders)
+    sizes = datasets.num_samples_per_split(get_args())
+    built = dummy.get_train_valid_test_datasets_provider(accelerator)(sizes)
+    consumed = datasets.consumed_samples(get_args())
+    return tuple(
+        None
+        if dataset is None or len(dataset) == 0
+        else dummy.build_pretraining_data_loader(dataset, count, accelerator)
+        for dataset, count in zip(built, consumed)
+    )
 
 
 def rebatch_for_megatron(dataloader: DataLoader[Any], batch_size: int) -> DataLoader[Any]:
