@@ -302,9 +302,13 @@ def _print(results: dict[str, list[list[dict[str, int]]]], model_bytes: int, sha
         ("hasten save_model", "raw save"),
     ]
     for mine, raw in pairs:
+        if mine not in medians or raw not in medians:
+            continue
         ratios = [medians[mine][r] / max(medians[raw][r], 1) for r in (0, 1)]
         print(f"ratio {mine} / {raw}: rank0 {ratios[0]:.2f}, rank1 {ratios[1]:.2f}")
     for case in ("raw save", "hasten save_model"):
+        if case not in medians:
+            continue
         r0 = medians[case][0]
         print(
             f"{case}: rank0 peak increase = {r0 / shard:.2f} shards ({r0 / model_bytes:.2f} models)"

@@ -1155,8 +1155,21 @@ class Accelerator:
     ) -> None:
         """Write the unwrapped weights of ``model`` as one file or shards plus an index.
 
-        Only the main process writes; tied weights are stored once.
+        Only the main process writes; tied weights are stored once. Sharded (FSDP2) models are
+        gathered one shard file at a time: every process must call this.
         """
+        parts = self.strategy.full_state_dict_parts(model)
+        if parts is not None:
+            held, gather = parts
+            save_model_weights(
+                held,
+                save_directory,
+                max_shard_size,
+                safe_serialization,
+                gather=gather,
+                write=self.is_main_process,
+            )
+            return
         state_dict = self.get_state_dict(model)
         if self.is_main_process:
             save_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)

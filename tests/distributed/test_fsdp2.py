@@ -387,3 +387,47 @@ def test_one_process_checkpoint_resumes_on_two_fsdp2_processes(tmp_path: Path) -
     for key, value in expected.items():
         assert torch.equal(torch.tensor(results[0]["state"][key]), value), key
     assert results[0]["steps"] == [3] and results[1]["steps"] == [3]
+
+
+def _save_model_both_ways(folder: str) -> dict[str, Any]:
+    from hasten.checkpointing.model import save_model_weights
+
+    accelerator = _accelerator("fsdp2")
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    model.tied = torch.nn.Linear(16, 4)  # a root-level tied weight and a plain buffer
+    model.tied.weight = model.head.weight
+    model.register_buffer("scale", torch.arange(3.0))
+    model = accelerator.prepare(model)
+    for size in ("1KB", "10GB"):
+        for safe in (True, False):
+            tag = f"{size}_{safe}"
+            accelerator.save_model(model, f"{folder}/new_{tag}", size, safe_serialization=safe)
+            state = accelerator.get_state_dict(model)  # the whole model gathered, as before
+            if accelerator.is_main_process:
+                save_model_weights(state, f"{folder}/old_{tag}", size, safe_serialization=safe)
+    return {"keys": sorted(accelerator.get_state_dict(model))}
+
+
+@pytest.mark.timeout(120)
+def test_save_model_gathers_shard_by_shard_with_the_same_output(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    keys = run_distributed(_save_model_both_ways, str(tmp_path), world_size=2, timeout=60)[0]
+    assert "tied.weight" in keys["keys"] and "scale" in keys["keys"]
+    for size in ("1KB", "10GB"):
+        for safe in (True, False):
+            new, old = tmp_path / f"new_{size}_{safe}", tmp_path / f"old_{size}_{safe}"
+            names = sorted(p.name for p in old.iterdir())
+            assert sorted(p.name for p in new.iterdir()) == names
+            assert (len(names) > 2) == (size == "1KB")  # several shards plus an index
+            for name in names:
+                if safe or name.endswith(".json"):  # byte for byte
+                    assert (new / name).read_bytes() == (old / name).read_bytes(), name
+                    continue
+                got, want = torch.load(new / name), torch.load(old / name)
+                assert got.keys() == want.keys()
+                assert all(torch.equal(got[k], want[k]) for k in want), name
+            if safe and size == "10GB":
+                saved = load_file(str(new / "model.safetensors"))
+                assert sorted(saved) == keys["keys"]

@@ -1,7 +1,9 @@
 """save_model: a model's weights as one file or size-capped shards plus an index, atomically.
 
 Tied weights are written once (safetensors refuses shared storage; a pickle keeps the sharing).
-Shards are serialized one at a time, so the extra memory is at most one shard.
+Shards are serialized one at a time, so the extra memory is at most one shard. Sharded models
+(FSDP2) are planned from the tensors as held, whose shapes are the full ones, and gathered one
+shard at a time (``gather``): the main process never holds more than one shard of full tensors.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -80,13 +84,31 @@ def _write_shard(path: Path, tensors: dict[str, torch.Tensor], safe: bool) -> No
             torch.save(tensors, cast(BinaryIO, handle))  # torch.save needs only ``write``
 
 
+def _dedupe(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` less the tied names; DTensors are never merged (each is gathered anew)."""
+    module = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists
+    dtensor = getattr(module, "DTensor", None)
+    plain = {k: v for k, v in tensors.items() if dtensor is None or not isinstance(v, dtensor)}
+    if len(plain) == len(tensors):
+        return dedupe_shared_tensors(tensors)[0]
+    _, aliases = dedupe_shared_tensors(plain)
+    return {k: v for k, v in tensors.items() if k not in aliases}
+
+
 def save_model_weights(
     state_dict: dict[str, torch.Tensor],
     save_directory: str | os.PathLike[str],
     max_shard_size: int | str = "10GB",
     safe_serialization: bool = True,
+    *,
+    gather: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+    write: bool = True,
 ) -> list[str]:
     """Write ``state_dict`` as ``model.safetensors`` or shards plus an index; return file names.
+
+    With ``gather`` (a collective every process calls with the same ``state_dict`` as held,
+    e.g. DTensors), each shard's tensors are gathered just before that shard is written and
+    dropped after; only processes with ``write`` write.
 
     Raises:
         ValueError: ``save_directory`` is an existing file, or ``max_shard_size`` is not a size.
@@ -96,11 +118,12 @@ def save_model_weights(
         raise ValueError(
             f"save_directory {str(folder)!r} is a file; pass a folder to write the weights into."
         )
-    folder.mkdir(parents=True, exist_ok=True)
     max_bytes = convert_file_size_to_int(max_shard_size)
+    if write:
+        folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach() for k, v in state_dict.items()}
     if safe_serialization:
-        tensors, _ = dedupe_shared_tensors(tensors)
+        tensors = _dedupe(tensors)
     weights_name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
     index_name = SAFE_WEIGHTS_INDEX_NAME if safe_serialization else WEIGHTS_INDEX_NAME
     shards = plan_shards(tensors, max_bytes)
@@ -109,7 +132,14 @@ def save_model_weights(
     else:
         names = [_shard_name(weights_name, i + 1, len(shards)) for i in range(len(shards))]
     for name, keys in zip(names, shards):
-        _write_shard(folder / name, {k: tensors[k] for k in keys}, safe_serialization)
+        part = {k: tensors[k] for k in keys}
+        if gather is not None:
+            part = gather(part)
+        if write:
+            _write_shard(folder / name, part, safe_serialization)
+        del part  # the next shard's full tensors replace these
+    if not write:
+        return [*names, index_name] if len(shards) > 1 else names
     _remove_stale_shards(folder, weights_name, set(names))
     index = folder / index_name
     if len(shards) == 1:

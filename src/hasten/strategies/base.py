@@ -203,6 +203,14 @@ class Strategy:
         engines; other processes may get an empty dict), else this process's shards."""
         return self.unwrap(model, keep_torch_compile=False).state_dict()
 
+    def full_state_dict_parts(
+        self, model: nn.Module
+    ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]] | None:
+        """For engines that gather: the state dict as held (entries report their full shape
+        and dtype) and a collective that gathers a part of it to the main process (others get
+        ``{}``), so ``save_model`` gathers one file at a time; None: `model_state_dict` whole."""
+        return None
+
     def load_model_state_dict(
         self,
         model: nn.Module,

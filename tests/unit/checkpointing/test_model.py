@@ -64,3 +64,26 @@ def test_bad_inputs(tmp_path: Path) -> None:
         save_model_weights(_state(), tmp_path / "file")
     with pytest.raises(ValueError):
         save_model_weights(_state(), tmp_path / "d", max_shard_size="lots")
+
+
+def test_gathered_saves_gather_one_shard_at_a_time_and_write_the_same_files(
+    tmp_path: Path,
+) -> None:
+    state = _state()
+    calls: list[list[str]] = []
+
+    def gather(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        calls.append(list(part))
+        return {k: v.clone() for k, v in part.items()}  # a fresh full copy, as a gather gives
+
+    plain = save_model_weights(state, tmp_path / "plain", max_shard_size="5KB")
+    gathered = save_model_weights(state, tmp_path / "gathered", max_shard_size="5KB", gather=gather)
+    assert gathered == plain
+    assert calls == [["emb.weight"], ["a.weight", "b.weight"]]  # one call per shard file
+    for name in plain:
+        assert (tmp_path / "gathered" / name).read_bytes() == (
+            tmp_path / "plain" / name
+        ).read_bytes()
+    # a process that only takes part in the gathers writes nothing but knows the names
+    assert save_model_weights(state, tmp_path / "other", "5KB", gather=gather, write=False) == plain
+    assert not (tmp_path / "other").exists()
