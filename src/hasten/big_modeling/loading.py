@@ -25,10 +25,8 @@ from torch import nn
 from hasten.big_modeling.broadcast import load_broadcast
 from hasten.big_modeling.device_map import device_for, resolve_device_map, validate_device
 from hasten.big_modeling.offload import (
-    SAFETENSORS_DTYPES,
     load_offloaded_weights,
     offload_weight,
-    read_safetensors_header,
     save_offload_index,
 )
 from hasten.big_modeling.sizes import resolve_dtype
@@ -45,6 +43,7 @@ from hasten.core.constants import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
 )
+from hasten.core.safetensors_format import SAFETENSORS_DTYPES, read_safetensors_header
 
 __all__ = ["Loader", "checkpoint_files", "load_checkpoint_in_model", "load_state_dict"]
 

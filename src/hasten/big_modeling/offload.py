@@ -3,16 +3,14 @@
 An offload folder holds one raw ``<name>.dat`` file per tensor plus ``index.json`` (dtype and
 shape of each), the layout Accelerate uses. Index entries may instead point into a
 ``.safetensors`` file (``safetensors_file`` + ``weight_name``), so a checkpoint already on disk
-is read in place instead of copied.
+is read in place instead of copied (through `hasten.core.safetensors_format`, the one codec).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -21,36 +19,21 @@ import torch
 from torch import nn
 
 from hasten.big_modeling.tensors import set_module_tensor_to_device
+from hasten.core.safetensors_format import read_safetensors_tensor
 
 __all__ = [
     "OffloadedWeightsLoader",
     "PrefixedDataset",
-    "SAFETENSORS_DTYPES",
     "extract_submodules_state_dict",
     "load_offloaded_weight",
     "load_offloaded_weights",
     "offload_state_dict",
     "offload_weight",
-    "read_safetensors_header",
     "save_offload_index",
 ]
 
 # numpy has no bfloat16 / float8: those are stored as same-width integers and viewed back
 _STORED_AS = {"bfloat16": torch.int16}
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": getattr(torch, "float8_e4m3fn", torch.uint8),
-    "F8_E5M2": getattr(torch, "float8_e5m2", torch.uint8),
-}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -125,42 +108,6 @@ def offload_state_dict(
     save_offload_index(index, save_dir)
 
 
-@lru_cache(maxsize=64)
-def _header(path: str, mtime: float) -> tuple[int, dict[str, Any]]:
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) != 8:
-            raise ValueError(
-                f"{path!r} is not a safetensors file (shorter than its 8-byte header size)"
-            )
-        (length,) = struct.unpack("<Q", prefix)
-        try:
-            header = json.loads(handle.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path!r} has a corrupt safetensors header: {err}") from err
-    header.pop("__metadata__", None)
-    return 8 + length, header
-
-
-def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[int, dict[str, Any]]:
-    """Return ``(data start offset, {name: {dtype, shape, data_offsets}})`` of a safetensors file."""
-    text = os.fspath(path)
-    return _header(text, os.path.getmtime(text))
-
-
-def _read_safetensors(path: str, name: str) -> torch.Tensor:
-    """Map one tensor of a safetensors file (copy-on-write, read lazily)."""
-    start, header = read_safetensors_header(path)
-    info = header[name]
-    dtype = SAFETENSORS_DTYPES[info["dtype"]]
-    begin, end = info["data_offsets"]
-    shape = tuple(info["shape"])
-    if end == begin:
-        return torch.empty(shape, dtype=dtype)
-    array = np.memmap(path, dtype=np.uint8, mode="c", offset=start + begin, shape=(end - begin,))
-    return torch.from_numpy(array).view(dtype).reshape(shape)
-
-
 class PrefixedDataset(Mapping[str, Any]):
     """A view of ``dataset`` where key ``k`` reads ``dataset[prefix + k]``."""
 
@@ -226,7 +173,7 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         info = self.index[key]
         source = info.get("safetensors_file")
         if source is not None:
-            tensor = _read_safetensors(source, info.get("weight_name", key))
+            tensor = read_safetensors_tensor(source, info.get("weight_name", key))
             if "dtype" in info and _dtype_name(tensor.dtype) != info["dtype"]:
                 tensor = tensor.to(getattr(torch, info["dtype"]))
         else:

@@ -1,8 +1,8 @@
 """Model weights in a checkpoint: safetensors without a second copy, and tied-weight aliases.
 
-Reading parses the safetensors layout (8-byte header length, JSON header, raw data) straight
-from the verified bytes with ``torch.frombuffer``, so the tensors are views of the one buffer
-that was checksummed: peak memory while loading is the model plus one file.
+Reading decodes the verified bytes in place (`hasten.core.safetensors_format`, the one codec,
+``torch.frombuffer``), so the tensors are views of the one buffer that was checksummed: peak
+memory while loading is the model plus one file.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import mmap
 from typing import Any
 
 import torch
+
+from hasten.core.safetensors_format import DTYPE_CODES, decode_safetensors, encode_safetensors
 
 __all__ = [
     "ALIASES_KEY",
@@ -28,21 +30,6 @@ logger = logging.getLogger(__name__)
 
 # safetensors metadata key listing tied names dropped from the file (alias -> kept name).
 ALIASES_KEY = "hasten_tied_aliases"
-
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
 
 
 def dedupe_shared_tensors(
@@ -133,40 +120,22 @@ def safetensors_bytes(state_dict: dict[str, torch.Tensor]) -> bytes:
     return save(tensors, metadata=metadata)
 
 
-_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
-
-
 def write_safetensors(handle: Any, state_dict: dict[str, torch.Tensor]) -> None:
     """Stream ``state_dict`` to ``handle`` in the safetensors format, straight from tensor memory.
 
-    Unlike serializing to bytes first, no copy of the whole file is ever built: the header goes
-    out, then each tensor's memory as it is. Tied weights are stored once (see
-    `safetensors_bytes`); the output loads with ``safetensors.torch.load_file``.
+    Unlike serializing to bytes first, no copy of the whole file is ever built
+    (`encode_safetensors`). Tied weights are stored once (see `safetensors_bytes`); the output
+    loads with ``safetensors.torch.load_file``.
     """
     kept, aliases = dedupe_shared_tensors(state_dict)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in kept.items()}
-    if any(t.dtype not in _NAMES for t in tensors.values()):  # rare dtypes: the library
+    if any(t.dtype not in DTYPE_CODES for t in tensors.values()):  # rare dtypes: the library
         handle.write(safetensors_bytes(state_dict))
         return
     metadata = {"format": "pt"}
     if aliases:
         metadata[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for name, tensor in tensors.items():
-        size = tensor.numel() * tensor.element_size()
-        header[name] = {
-            "dtype": _NAMES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as the spec asks
-    handle.write(len(encoded).to_bytes(8, "little") + encoded)
-    for tensor in tensors.values():
-        if tensor.numel():
-            handle.write(tensor.view(-1).view(torch.uint8).numpy().data)
+    encode_safetensors(handle, tensors, metadata)
 
 
 def tensors_from_safetensors(buffer: bytearray | mmap.mmap) -> dict[str, torch.Tensor]:
@@ -175,30 +144,7 @@ def tensors_from_safetensors(buffer: bytearray | mmap.mmap) -> dict[str, torch.T
     Raises:
         ValueError: the buffer is not a valid safetensors file (the message says what is off).
     """
-    if len(buffer) < 8:
-        raise ValueError("not a safetensors file: shorter than its 8-byte header length")
-    header_len = int.from_bytes(buffer[:8], "little")
-    if header_len <= 0 or 8 + header_len > len(buffer):
-        raise ValueError(f"not a safetensors file: header length {header_len} is out of range")
-    header = json.loads(bytes(buffer[8 : 8 + header_len]))
-    aliases = json.loads((header.get("__metadata__") or {}).get(ALIASES_KEY, "{}"))
-    base = 8 + header_len
-    tensors: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ValueError(f"tensor {name!r} has unsupported dtype {info['dtype']!r}")
-        begin, end = info["data_offsets"]
-        shape = info["shape"]
-        if end == begin:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-            continue
-        flat = torch.frombuffer(
-            buffer, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=base + begin
-        )
-        tensors[name] = flat.view(shape)
-    for alias, kept in aliases.items():
+    tensors, metadata = decode_safetensors(buffer)
+    for alias, kept in json.loads(metadata.get(ALIASES_KEY, "{}")).items():
         tensors[alias] = tensors[kept]
     return tensors
