@@ -6,6 +6,7 @@ cycle on the mean loss of every micro-batch of both processes, clipped to the sa
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -74,10 +75,10 @@ def _sharding(engine: Any, stage: int) -> tuple[int, int]:
     return held, sum(p.numel() for p in params)
 
 
-def _train(stage: int, bf16: bool = False) -> dict[str, Any]:
+def _train(stage: int, bf16: bool = False, config: dict[str, Any] | None = None) -> dict[str, Any]:
     from hasten import Accelerator
 
-    plugin = _plugin(stage, **({"bf16": {"enabled": True}} if bf16 else {}))
+    plugin = _plugin(stage, **({"bf16": {"enabled": True}} if bf16 else {}), **(config or {}))
     accelerator = Accelerator(gradient_accumulation_steps=STEPS_PER_UPDATE, deepspeed_plugin=plugin)
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -97,6 +98,12 @@ def _train(stage: int, bf16: bool = False) -> dict[str, Any]:
     held, total = _sharding(model, stage)
     weights = accelerator.get_state_dict(model)
     steps = model.global_steps
+    devices = [
+        getattr(c, "device", None)
+        for c in (model.zero_offload_optimizer(), model.zero_offload_param())
+    ]
+    offload = tuple(str(getattr(d, "value", d)) for d in devices)  # an enum or a plain string
+    client_optimizer = type(model.optimizer.optimizer).__name__
     accelerator.end_training()  # engines are destroyed before the process group
     assert accelerator.strategy.engines == []  # type: ignore[attr-defined]
     return {
@@ -109,6 +116,8 @@ def _train(stage: int, bf16: bool = False) -> dict[str, Any]:
         "mixed_precision": accelerator.mixed_precision,
         "scaler": accelerator.scaler,
         "steps": steps,
+        "offload": offload,
+        "client_optimizer": client_optimizer,
     }
 
 
@@ -181,3 +190,104 @@ def test_two_models_with_two_named_configs() -> None:
         held, total = result["teacher_sharding"]  # ZeRO-3: this process's partition only
         assert total / 2 <= held <= total / 2 + 64
         assert result["improved"]
+
+
+#: ZeRO-3 with parameters and optimizer state offloaded to the host, stepped by the client AdamW.
+OFFLOAD = {
+    "zero_optimization": {
+        "stage": 3,
+        "offload_param": {"device": "cpu"},
+        "offload_optimizer": {"device": "cpu"},
+    },
+    "zero_force_ds_cpu_optimizer": False,
+}
+
+
+def test_zero3_offload_of_parameters_and_optimizer_trains_like_data_parallel() -> None:
+    results = run_distributed(_train, 3, False, OFFLOAD, world_size=2, timeout=240)
+    expected = reference_weights(world_size=2)
+    for result in results:
+        assert result["offload"] == ("cpu", "cpu")
+        assert result["client_optimizer"] == "AdamW"  # not DeepSpeedCPUAdam (no op build)
+        assert result["total"] / 2 <= result["held"] <= result["total"] / 2 + 64
+        assert result["steps"] == SAMPLES // (BATCH * 2 * STEPS_PER_UPDATE)
+    weights = results[0]["weights"]
+    for key, value in expected.items():
+        torch.testing.assert_close(torch.from_numpy(weights[key]), value, rtol=1e-4, atol=1e-5)
+
+
+def _fp16_refused() -> str:
+    from hasten import Accelerator
+
+    accelerator = Accelerator(mixed_precision="fp16", deepspeed_plugin=_plugin(2))
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    loader = torch.utils.data.DataLoader(make_data(), batch_size=BATCH)
+    with pytest.raises(ValueError) as caught:
+        accelerator.prepare(model, optimizer, loader)
+    return str(caught.value)
+
+
+def test_fp16_on_deepspeeds_cpu_accelerator_is_refused_naming_bf16() -> None:
+    # DeepSpeed's CPU accelerator has no fp16 (so no loss scaler to run); bf16 is tested above
+    for message in run_distributed(_fp16_refused, world_size=2, timeout=180):
+        assert "'cpu' accelerator does not support fp16" in message
+        assert "mixed_precision='bf16'" in message
+
+
+def _tiny_gpt2() -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=16)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def _built_under_zero_init() -> dict[str, Any]:
+    from hasten import Accelerator
+    from hasten.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True)
+    accelerator = Accelerator(deepspeed_plugin=plugin)
+    with plugin.zero3_init_context_manager(enable=False):
+        whole = _tiny_gpt2()  # built whole, as Accelerate documents for this context
+    torch.manual_seed(0)
+    model = _tiny_gpt2()  # transformers builds it inside zero.Init: partitioned at construction
+    params = list(model.parameters())
+    partitioned = all(hasattr(p, "ds_id") and p.numel() == 0 for p in params)
+    held = sum(p.ds_tensor.numel() for p in params)
+    total = sum(p.ds_numel for p in params)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=2)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for (batch,) in loader:
+        loss = model(input_ids=batch, labels=batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    weights = accelerator.get_state_dict(model)
+    accelerator.end_training()
+    return {
+        "whole": not any(hasattr(p, "ds_id") for p in whole.parameters()),
+        "whole_numel": sum(p.numel() for p in whole.parameters()),
+        "partitioned": partitioned,
+        "held": held,
+        "total": total,
+        "losses": losses,
+        "shapes": {k: tuple(v.shape) for k, v in weights.items()},
+    }
+
+
+def test_zero3_init_flag_builds_transformers_models_partitioned() -> None:
+    pytest.importorskip("transformers", reason="zero3_init_flag acts through transformers")
+    results = run_distributed(_built_under_zero_init, world_size=2, timeout=300)
+    for result in results:
+        assert result["whole"]
+        assert result["partitioned"]
+        assert result["total"] == result["whole_numel"]
+        assert result["total"] / 2 <= result["held"] <= result["total"] / 2 + 64
+        assert all(math.isfinite(loss) for loss in result["losses"])
+    shapes = results[0]["shapes"]  # gathered whole on the main process
+    assert shapes["transformer.wte.weight"] == (64, 16)
+    assert results[1]["shapes"] == {}

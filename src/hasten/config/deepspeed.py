@@ -463,6 +463,10 @@ class DeepSpeedPlugin:
             feature="DeepSpeed ZeRO-3 init",
             pip_name="transformers",
         )
+        if not self.zero3_init_flag:
+            # as Accelerate: transformers builds models whole (no zero.Init) unless asked
+            integrations.unset_hf_deepspeed_config()
+            return
         config = copy.deepcopy(self.deepspeed_config)
         for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
             if config.get(key, "auto") == "auto":

@@ -86,6 +86,27 @@ def ensure_process_group(backend: str | None) -> None:
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
+def _check_half_precision(config: dict[str, Any]) -> None:
+    """Refuse fp16 where DeepSpeed's accelerator has none (its own error names no fix).
+
+    Raises:
+        ValueError: the config enables fp16 but this device's DeepSpeed accelerator lacks it.
+    """
+    if str(config.get("fp16", {}).get("enabled", False)).lower() != "true":
+        return
+    # optional: deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if not accelerator.is_fp16_supported():
+        raise ValueError(
+            f"fp16 is enabled (mixed_precision='fp16' or the DeepSpeed config's fp16.enabled) "
+            f"but DeepSpeed's {accelerator.device_name()!r} accelerator does not support fp16, "
+            "so its loss scaler cannot run here. Use mixed_precision='bf16' (DeepSpeed's bf16 "
+            "needs no loss scaling) or 'no', or run on a GPU."
+        )
+
+
 class DeepSpeedStrategy(Strategy):
     """Prepare models with `deepspeed.initialize` and drive training through the engines.
 
@@ -195,6 +216,7 @@ class DeepSpeedStrategy(Strategy):
         ensure_process_group(self.backend)
         # optional: deepspeed
         deepspeed = require("deepspeed", feature="DeepSpeedPlugin", extra="deepspeed")
+        _check_half_precision(config)
         kwargs: dict[str, Any] = {"model": inputs.model, "config": config}
         optimizer, scheduler = inputs.optimizer, inputs.scheduler
         if isinstance(optimizer, DummyOptim):
