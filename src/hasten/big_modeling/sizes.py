@@ -395,18 +395,6 @@ class ModuleTree:
         """A layer is a module that is never split: no children, or a no-split class."""
         return self.end[i] == i + 1 or self.no_split[i]
 
-    def layers_under(self, roots: Iterable[int]) -> list[int]:
-        """Return the layers inside the given subtrees, in pre-order."""
-        found: list[int] = []
-        stack = list(roots)[::-1]
-        while stack:
-            i = stack.pop()
-            if self.is_layer(i):
-                found.append(i)
-            else:
-                stack.extend(reversed(self.kids(i)))
-        return found
-
     def sizes_by_name(self, buffers_only: bool = False) -> defaultdict[str, int | float]:
         """Return Accelerate's ``module_sizes``: every module and tensor name to bytes."""
         sizes: defaultdict[str, int | float] = defaultdict(int)

@@ -8,8 +8,8 @@ Dataclass fields that default from the environment declare it on the field::
 
     fsdp_version: int = field(default=None, metadata=env("FSDP_VERSION"))
 
-and call `fill_from_env(self)` in `__post_init__`; the launcher turns a plugin back into
-variables with `to_env(plugin)`.
+and call `fill_from_env(self)` in `__post_init__`. The launcher writes the variables from its
+option table (`launchers/options.py`), never from plugin objects.
 
 Adding a variable: add ONE row to the table below (keep the groups), with a one-line doc.
 """
@@ -42,7 +42,6 @@ __all__ = [
     "remove",
     "setting",
     "snapshot",
-    "to_env",
     "write",
 ]
 
@@ -459,13 +458,3 @@ def fill_from_env(obj: Any, environ: Mapping[str, str] | None = None) -> None:
         if getattr(obj, attribute) is not None:
             continue
         setattr(obj, attribute, setting(name, environ))
-
-
-def to_env(obj: Any) -> dict[str, str]:
-    """Return the variables that reproduce dataclass `obj`'s env-backed fields in a child."""
-    values: dict[str, str] = {}
-    for attribute, name in _env_fields(obj):
-        value = getattr(obj, attribute)
-        if value is not None:
-            values[name] = _format(value)
-    return values

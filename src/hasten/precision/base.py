@@ -38,16 +38,6 @@ class Precision:
         """Make ``model.forward`` run under this policy (here: unchanged)."""
         return model
 
-    def unwrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Undo `wrap_forward`: give ``model`` back its original forward."""
-        original = model.__dict__.pop("_original_forward", None)
-        if original is not None:
-            model.__dict__.pop("forward", None)
-            if getattr(original, "__self__", None) is not model:
-                # The original forward was itself an instance attribute: put it back.
-                model.forward = original
-        return model
-
     def prepare_together(self, objects: list[Any]) -> list[Any]:
         """Transform the objects of one prepare() call that the policy must see together
         (MS-AMP casts a model and its optimizer at once); here: unchanged."""

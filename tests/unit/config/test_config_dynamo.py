@@ -105,7 +105,6 @@ def test_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatc
 
 
 def test_launcher_round_trip_through_environment_variables() -> None:
-    from hasten.config.envvars import to_env
     from hasten.core.environment import patch_environment
 
     plugin = TorchDynamoPlugin(
@@ -115,7 +114,12 @@ def test_launcher_round_trip_through_environment_variables() -> None:
         dynamic=False,
         use_regional_compilation=True,
     )
-    exported = to_env(plugin)
-    assert exported["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
-    with patch_environment(**exported):
+    written = {  # what `hasten launch --dynamo_backend inductor ...` gives the workers
+        "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR",
+        "ACCELERATE_DYNAMO_MODE": "max-autotune",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "true",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC": "false",
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true",
+    }
+    with patch_environment(**written):
         assert TorchDynamoPlugin() == plugin

@@ -122,7 +122,6 @@ def test_set_scheduler_args() -> None:
 
 
 def test_launcher_round_trip_through_environment_variables() -> None:
-    from hasten.config.envvars import to_env
     from hasten.core.environment import patch_environment
 
     plugin = MegatronLMPlugin(
@@ -132,9 +131,13 @@ def test_launcher_round_trip_through_environment_variables() -> None:
         recompute_method="block",
         hidden_dropout=0.1,
     )
-    exported = to_env(plugin)
-    assert exported["MEGATRON_LM_TP_DEGREE"] == "2"
-    assert "MEGATRON_LM_DECODER_LAST_PIPELINE_NUM_LAYERS" not in exported  # unset stays unset
-    with patch_environment(**exported):
+    written = {  # what `hasten launch --megatron_lm_tp_degree 2 ...` gives the workers
+        "MEGATRON_LM_TP_DEGREE": "2",
+        "MEGATRON_LM_PP_DEGREE": "2",
+        "MEGATRON_LM_SEQUENCE_PARALLELISM": "true",
+        "MEGATRON_LM_RECOMPUTE_METHOD": "block",
+        "MEGATRON_LM_HIDDEN_DROPOUT": "0.1",
+    }
+    with patch_environment(**written):
         again = MegatronLMPlugin()
     assert again.megatron_lm_default_args == plugin.megatron_lm_default_args

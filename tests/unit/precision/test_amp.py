@@ -11,6 +11,7 @@ import torch
 from hasten.config.kwargs import AutocastKwargs, GradScalerKwargs
 from hasten.precision import AmpPrecision, AutocastForward, get_grad_scaler, select_precision
 from hasten.precision.amp import get_mixed_precision_context_manager, make_grad_scaler
+from hasten.strategies.unwrap import extract_model_from_parallel
 
 
 def _model() -> torch.nn.Module:
@@ -69,7 +70,7 @@ def test_wrapped_model_pickles_and_unwraps() -> None:
     for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
         assert isinstance(clone.forward, AutocastForward)
         assert torch.equal(clone(x), expected)
-    precision.unwrap_forward(model)
+    extract_model_from_parallel(model, keep_fp32_wrapper=False)
     assert "forward" not in model.__dict__ and "_original_forward" not in model.__dict__
     assert model(x).dtype == torch.float32
 

@@ -14,6 +14,7 @@ from hasten.core.imports import is_torchao_available
 from hasten.precision import Precision, select_precision
 from hasten.precision import fp8 as fp8_module
 from hasten.precision.fp8 import Fp8Precision, fp8_backend_from_env, select_fp8
+from hasten.strategies.unwrap import extract_model_from_parallel
 
 needs_torchao = pytest.mark.skipif(not is_torchao_available(), reason="torchao is not installed")
 
@@ -160,5 +161,5 @@ def test_torchao_policy_converts_autocasts_and_unwraps() -> None:
     layer = model[1]
     precision.convert_module(model)  # already converted: left as it is
     assert model[1] is layer
-    precision.unwrap_forward(model)
+    extract_model_from_parallel(model, keep_fp32_wrapper=False)
     assert "forward" not in model.__dict__
