@@ -278,9 +278,14 @@ def _engine_save(engine: EngineCheckpoint, plan: SavePlan, buffers: HostBuffers 
     hasten's is needed: a failure to write a file is reported through the record files and
     the outcome every process agrees on after publishing.
     """
-    files = EngineFiles(plan.staging, buffers.copy if buffers is not None else None)
-    if buffers is None and plan.is_writer:
-        start_jobs(plan)  # the staging folder exists here; the others' only after a barrier
+    if buffers is not None:
+        files = EngineFiles(plan.staging, buffers.copy)
+    else:
+        # hasten's own files are written beside the engine's: on the main process now (it
+        # made the folder), elsewhere once the engine's first barrier has passed
+        files = EngineFiles(plan.staging, on_first_write=lambda: start_jobs(plan))
+        if plan.is_writer:
+            start_jobs(plan)
     try:
         engine.save_checkpoint(plan.staging, files)
     except BaseException:

@@ -272,10 +272,12 @@ def start_jobs(plan: SavePlan) -> None:
     """Start writing (and fsyncing) this process's own files on the file threads now.
 
     For a save whose engine works first (DeepSpeed): hasten's small files are written while
-    the engine serialises its state; `run_plan` then only waits for them.
+    the engine serialises its state; `run_plan` then only waits for them. Only the first call
+    starts them.
     """
-    pool = file_threads()
-    plan.started = [pool.submit(_write_and_sync, plan.staging, job) for job in plan.jobs]
+    if plan.started is None:
+        pool = file_threads()
+        plan.started = [pool.submit(_write_and_sync, plan.staging, job) for job in plan.jobs]
 
 
 def _engine_records(plan: SavePlan) -> list[FileRecord]:
