@@ -138,7 +138,6 @@ def worker_env(
             "ACCELERATE_MIXED_PRECISION": plan.mixed_precision,
             "ACCELERATE_USE_CPU": _text(plan.use_cpu),
             "ACCELERATE_DEBUG_MODE": _text(plan.debug),
-            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.gradient_accumulation_steps),
             "ACCELERATE_DYNAMO_BACKEND": plan.dynamo_backend,
             "ACCELERATE_DYNAMO_MODE": plan.dynamo_mode,
             "ACCELERATE_DYNAMO_USE_FULLGRAPH": _text(plan.dynamo_use_fullgraph),
@@ -146,6 +145,11 @@ def worker_env(
             "ACCELERATE_NUM_PROCESSES": str(plan.num_processes),
         }
     )
+    steps_given = plan.sources.get("gradient_accumulation_steps", "given") != "default"
+    if steps_given or plan.gradient_accumulation_steps != 1:
+        # only when asked for, as Accelerate: a default 1 would read as an explicit DeepSpeed
+        # value and contradict Accelerator(gradient_accumulation_steps=...) in the script
+        values["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(plan.gradient_accumulation_steps)
     if plan.enable_cpu_affinity:
         values["ACCELERATE_CPU_AFFINITY"] = "1"
     if plan.downcast_bf16:

@@ -139,3 +139,20 @@ def test_setup_fp8_env_sets_only_given_flags() -> None:
     }
     with pytest.raises(ValueError, match=r"must be three booleans"):
         setup_fp8_env(argparse.Namespace(fp8_override_linear_precision="true"), {})
+
+
+def test_accumulation_steps_are_passed_only_when_asked_for() -> None:
+    from hasten.launchers.plan import build_plan, resolve_settings
+
+    def env_of(flags: dict[str, object]) -> dict[str, str]:
+        resolved = resolve_settings(flags, None, {})
+        return worker_env(build_plan(resolved, "t.py", count_devices=lambda: 0), environ={})
+
+    # a default 1 would be an explicit DeepSpeed value contradicting the script's Accelerator
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in env_of({})
+    assert (
+        env_of({"gradient_accumulation_steps": 1})["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "1"
+    )
+    assert (
+        env_of({"gradient_accumulation_steps": 3})["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "3"
+    )
