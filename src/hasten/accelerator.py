@@ -34,7 +34,7 @@ from hasten.checkpointing.model import saves_model_in_mesh
 from hasten.checkpointing.sharded_state import optimizer_owner
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
-from hasten.config.enums import FP8BackendType, PrecisionType
+from hasten.config.enums import FP8BackendType, PrecisionType, parse_mixed_precision
 from hasten.config.kwargs import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -162,13 +162,11 @@ def _resolve_mixed_precision(value: Any) -> str | None:
     """Validate the user's mixed_precision value (None: the launcher's setting applies)."""
     if value is None:
         return None
-    text = str(getattr(value, "value", value))
-    if text not in PrecisionType.list():
-        raise ValueError(
-            f"Unknown mixed_precision {value!r}: choose one of {PrecisionType.list()} (or None "
-            "to use ACCELERATE_MIXED_PRECISION / the config file)."
-        )
-    return text
+    return parse_mixed_precision(
+        value,
+        "Accelerator(mixed_precision=...)",
+        "pass one of them, or None to use ACCELERATE_MIXED_PRECISION / the config file",
+    )
 
 
 def _resolve_dynamo(backend: Any, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin:

@@ -57,7 +57,10 @@ def test_defaults_single_cpu_process() -> None:
 
 
 def test_unknown_mixed_precision_is_rejected() -> None:
-    with pytest.raises(ValueError, match=r"Unknown mixed_precision 'fp12'.*choose one of"):
+    with pytest.raises(
+        ValueError,
+        match=r"'fp12' \(from Accelerator\(mixed_precision=...\)\). Choose one of.*or None to use",
+    ):
         Accelerator(cpu=True, mixed_precision="fp12")
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "RNGType",
     "SageMakerDistributedType",
     "enum_value",
+    "parse_mixed_precision",
 ]
 
 
@@ -190,6 +191,32 @@ class PrecisionType(_StrEnum):
     FP8 = "fp8"
     FP16 = "fp16"
     BF16 = "bf16"
+
+
+def parse_mixed_precision(value: Any, source: str, fix: str = "pass one of them") -> str:
+    """Return the mode (``"no"``, ``"fp8"``, ``"fp16"`` or ``"bf16"``) that ``value`` names.
+
+    The one check of a mixed-precision setting, wherever it comes from (the Accelerator
+    argument, ``ACCELERATE_MIXED_PRECISION``, a config file, a launcher): a `PrecisionType` or
+    its value in any case.
+
+    Args:
+        value: the setting as given.
+        source: where it came from, for the message (``"Accelerator(mixed_precision=...)"``).
+        fix: how to put it right there.
+
+    Raises:
+        ValueError: ``value`` names no mode; says where it came from, the allowed values and
+            the fix.
+    """
+    allowed = [member.value for member in PrecisionType]
+    text = enum_value(value).strip().lower()
+    if text in allowed:
+        return text
+    raise ValueError(
+        f"Unknown mixed_precision {value!r} (from {source}). Choose one of {allowed} "
+        f"(any case): {fix}."
+    )
 
 
 class RNGType(_StrEnum):

@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from hasten.config.enums import parse_mixed_precision
 from hasten.core.environment import str_to_bool
 
 __all__ = [
@@ -158,7 +159,12 @@ ENV_VARS: dict[str, EnvVar] = _table(
     _str("HF_HOME", "Hugging Face cache directory; the default config file lives under it."),
     # --- general launcher settings ----------------------------------------------------------
     EnvVar(
-        "ACCELERATE_MIXED_PRECISION", parse_lower, "no", "Mixed precision: no, fp8, fp16 or bf16."
+        "ACCELERATE_MIXED_PRECISION",
+        lambda value: parse_mixed_precision(
+            value, "ACCELERATE_MIXED_PRECISION", "set it to one of them or unset it"
+        ),
+        "no",
+        "Mixed precision: no, fp8, fp16 or bf16.",
     ),
     _flag("ACCELERATE_USE_CPU", "Force running on CPU even when an accelerator is present."),
     _flag("ACCELERATE_DEBUG_MODE", "Check shapes before every collective and report mismatches."),

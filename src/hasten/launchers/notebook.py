@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hasten.config import envvars
-from hasten.config.enums import PrecisionType, enum_value
+from hasten.config.enums import parse_mixed_precision
 from hasten.core.environment import patch_environment
 
 __all__ = ["debug_launcher", "notebook_launcher"]
@@ -86,12 +86,7 @@ def _check_can_fork(device_type: str) -> None:
 
 
 def _checked_precision(mixed_precision: str) -> str:
-    value = enum_value(mixed_precision).lower()
-    if value not in PrecisionType.list():
-        raise ValueError(
-            f"Unknown mixed_precision {mixed_precision!r}. Choose one of {PrecisionType.list()}."
-        )
-    return value
+    return parse_mixed_precision(mixed_precision, "notebook_launcher(mixed_precision=...)")
 
 
 def notebook_launcher(

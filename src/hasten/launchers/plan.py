@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hasten.config import envvars
-from hasten.config.enums import DynamoBackend, PrecisionType
+from hasten.config.enums import DynamoBackend, parse_mixed_precision
 from hasten.launchers.slurm import slurm_topology
 
 __all__ = [
@@ -230,11 +230,8 @@ class LaunchPlan:
             )
 
     def _check_choices(self) -> None:
-        if self.mixed_precision not in PrecisionType.list():
-            raise ValueError(
-                f"Unknown mixed_precision {self.mixed_precision!r}. Choose one of "
-                f"{PrecisionType.list()}."
-            )
+        mode = parse_mixed_precision(self.mixed_precision, "LaunchPlan(mixed_precision=...)")
+        object.__setattr__(self, "mixed_precision", mode)  # frozen: normalised once, here
         if self.dynamo_backend not in DynamoBackend.list():
             raise ValueError(
                 f"Unknown dynamo_backend {self.dynamo_backend!r}. Choose one of "
@@ -305,7 +302,10 @@ def build_plan(
         values["main_process_ip"] = "127.0.0.1"
     if values["main_process_port"] is None:
         values["main_process_port"] = DEFAULT_PORT
-    values["mixed_precision"] = _choice(values["mixed_precision"], str.lower)
+    source = sources["mixed_precision"]
+    values["mixed_precision"] = parse_mixed_precision(
+        values["mixed_precision"], source, f"change the {source}"
+    )
     values["dynamo_backend"] = _choice(values["dynamo_backend"], str.upper)
     values["gpu_ids"] = str(values["gpu_ids"] if values["gpu_ids"] is not None else "all")
     known = {f.name for f in dataclasses.fields(LaunchPlan)}

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hasten.config import envvars
-from hasten.config.enums import DynamoBackend, PrecisionType, SageMakerDistributedType, enum_value
+from hasten.config.enums import (
+    DynamoBackend,
+    SageMakerDistributedType,
+    enum_value,
+    parse_mixed_precision,
+)
 
 __all__ = [
     "SAGEMAKER_PARALLEL_EC2_INSTANCES",
@@ -136,11 +141,11 @@ def _credentials(config: SageMakerSettings, args: argparse.Namespace) -> None:
 
 
 def _training_env(config: SageMakerSettings, args: argparse.Namespace) -> dict[str, str]:
-    precision = str(getattr(args, "mixed_precision", None) or "no").lower()
-    if precision not in PrecisionType.list():
-        raise ValueError(
-            f"Unknown mixed_precision {precision!r}. Choose one of {PrecisionType.list()}."
-        )
+    precision = parse_mixed_precision(
+        getattr(args, "mixed_precision", None) or "no",
+        "--mixed_precision",
+        "pass one of them (or set mixed_precision in the config file)",
+    )
     backend = str(getattr(args, "dynamo_backend", None) or "no").upper()
     if backend not in DynamoBackend.list():
         raise ValueError(

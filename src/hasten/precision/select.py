@@ -10,15 +10,14 @@ from typing import Any
 
 import torch
 
+from hasten.config.enums import parse_mixed_precision
 from hasten.core.versions import is_torch_version
 from hasten.platforms.checks import is_bf16_available
 from hasten.precision.amp import AmpPrecision, make_grad_scaler
 from hasten.precision.base import Precision
 from hasten.precision.fp8 import select_fp8
 
-__all__ = ["FP16_DEVICE_TYPES", "MIXED_PRECISION_CHOICES", "select_precision"]
-
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
+__all__ = ["FP16_DEVICE_TYPES", "select_precision"]
 
 # Device types with fp16 autocast and a GradScaler in torch (CPU since torch 2.3).
 FP16_DEVICE_TYPES = ("cuda", "xpu", "npu", "mlu", "musa", "hpu", "sdaa", "mps", "cpu")
@@ -28,16 +27,13 @@ _BF16_ALWAYS = ("cpu", "xpu", "hpu")
 
 
 def _normalise(mixed_precision: Any) -> str:
-    value = (
-        "no" if mixed_precision is None else str(getattr(mixed_precision, "value", mixed_precision))
+    if mixed_precision is None:
+        return "no"
+    return parse_mixed_precision(
+        mixed_precision,
+        "select_precision(mixed_precision=...)",
+        "pass one of them (or set ACCELERATE_MIXED_PRECISION to one of them)",
     )
-    value = value.lower()
-    if value not in MIXED_PRECISION_CHOICES:
-        raise ValueError(
-            f"Unknown mixed_precision={mixed_precision!r}; choose one of "
-            f"{list(MIXED_PRECISION_CHOICES)} (or set ACCELERATE_MIXED_PRECISION to one of them)."
-        )
-    return value
 
 
 def _check_device(value: str, device_type: str) -> None:

@@ -16,7 +16,11 @@ from typing import Any, TypeVar
 import torch
 
 from hasten.config import envvars
-from hasten.config.enums import DistributedType, DynamoBackend, PrecisionType, enum_value
+from hasten.config.enums import (
+    DistributedType,
+    DynamoBackend,
+    parse_mixed_precision,
+)
 from hasten.state._shared import SharedState
 from hasten.state.engine import EngineChoice, resolve_engine
 from hasten.state.mesh import build_device_mesh
@@ -58,18 +62,13 @@ _KNOWN_ATTRS = frozenset(
 
 
 def _validate_mixed_precision(mixed_precision: str | None) -> str:
-    value = (
-        envvars.setting("ACCELERATE_MIXED_PRECISION")
-        if mixed_precision is None
-        else mixed_precision
+    if mixed_precision is None:  # the table row checks the variable
+        return str(envvars.setting("ACCELERATE_MIXED_PRECISION"))
+    return parse_mixed_precision(
+        mixed_precision,
+        "AcceleratorState(mixed_precision=...)",
+        "pass one of them, or None to use ACCELERATE_MIXED_PRECISION",
     )
-    value = enum_value(value).lower()
-    if value not in PrecisionType.list():
-        raise ValueError(
-            f"mixed_precision={value!r} is not supported; choose one of {PrecisionType.list()} "
-            "(e.g. Accelerator(mixed_precision='bf16') or ACCELERATE_MIXED_PRECISION=bf16)."
-        )
-    return value
 
 
 def _call_if_present(plugin: Any, method: str, *args: Any, **kwargs: Any) -> None:

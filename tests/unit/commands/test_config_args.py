@@ -85,7 +85,8 @@ def test_unknown_keys_are_named_with_the_allowed_ones(tmp_path: Path) -> None:
         ),
         (
             {"distributed_type": "NO", "mixed_precision": "fp32"},
-            r"'mixed_precision'. Allowed values: \['no', 'fp8', 'fp16', 'bf16'\]",
+            r"'fp32' \(from config key 'mixed_precision'\). Choose one of \['no', 'fp8', 'fp16', "
+            r"'bf16'\] \(any case\): edit the config file",
         ),
         (
             {"distributed_type": "NO", "rdzv_backend": "zeus"},

@@ -47,7 +47,10 @@ def test_existing_file_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_invalid_mixed_precision(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"Unknown mixed_precision 'fp32'. Choose one of \['no'"):
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown mixed_precision 'fp32' \(from write_basic_config.*Choose one of \['no'",
+    ):
         write_basic_config("fp32", str(tmp_path / "c.yaml"))
 
 

@@ -163,3 +163,30 @@ def test_all_is_sorted_and_complete() -> None:
     assert enums.__all__ == sorted(enums.__all__)
     for name in enums.__all__:
         assert hasattr(enums, name)
+
+
+def test_parse_mixed_precision_is_the_one_check() -> None:
+    assert enums.parse_mixed_precision(enums.PrecisionType.BF16, "x") == "bf16"
+    assert enums.parse_mixed_precision(" FP16 ", "x") == "fp16"
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown mixed_precision 'fp32' \(from the flag\)\. Choose one of "
+        r"\['no', 'fp8', 'fp16', 'bf16'\] \(any case\): use bf16\.",
+    ):
+        enums.parse_mixed_precision("fp32", "the flag", "use bf16")
+
+
+def test_the_environment_variable_is_checked_by_its_table_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hasten.config import envvars
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "BF16")
+    assert envvars.setting("ACCELERATE_MIXED_PRECISION") == "bf16"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "half")
+    with pytest.raises(
+        ValueError,
+        match=r"ACCELERATE_MIXED_PRECISION='half'.*\(from ACCELERATE_MIXED_PRECISION\)\. Choose "
+        r"one of \['no', 'fp8', 'fp16', 'bf16'\].*unset it",
+    ):
+        envvars.setting("ACCELERATE_MIXED_PRECISION")

@@ -136,3 +136,13 @@ def test_deepspeed_section_gives_accumulation_steps() -> None:
     assert _resolve(config=config)["gradient_accumulation_steps"] == Resolved(8, "config file")
     env = {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"}
     assert _resolve(config=config, environ=env)["gradient_accumulation_steps"].value == 2
+
+
+def test_a_bad_mixed_precision_names_the_source_it_came_from() -> None:
+    resolved = _resolve(config={"mixed_precision": "half"})
+    with pytest.raises(
+        ValueError,
+        match=r"'half' \(from config file\)\. Choose one of \['no', 'fp8'.*change the config file",
+    ):
+        build_plan(resolved, "train.py")
+    assert build_plan(_resolve(flags={"mixed_precision": "BF16"}), "t.py").mixed_precision == "bf16"

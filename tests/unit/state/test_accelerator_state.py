@@ -58,7 +58,8 @@ def test_mixed_precision_defaults_from_environment(monkeypatch: pytest.MonkeyPat
 
 def test_unknown_mixed_precision_lists_the_choices() -> None:
     with pytest.raises(
-        ValueError, match=r"mixed_precision='fp32'.*\['no', 'fp8', 'fp16', 'bf16'\]"
+        ValueError,
+        match=r"'fp32' \(from AcceleratorState\(mixed_precision=...\)\).*\['no', 'fp8', 'fp16', 'bf16'\]",
     ):
         make(mixed_precision="fp32")
     assert not AcceleratorState._shared_state

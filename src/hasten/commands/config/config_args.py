@@ -19,9 +19,9 @@ from hasten.config.enums import (
     ComputeEnvironment,
     DistributedType,
     DynamoBackend,
-    PrecisionType,
     SageMakerDistributedType,
     enum_value,
+    parse_mixed_precision,
 )
 from hasten.launchers.sagemaker import (
     SAGEMAKER_PYTHON_VERSION,
@@ -236,9 +236,11 @@ class BaseConfig:
             "distributed_type", self.distributed_type, self._distributed_enum
         )
         if self.mixed_precision is not None:
-            self.mixed_precision = _choice(
-                "mixed_precision", enum_value(self.mixed_precision).lower(), PrecisionType
-            ).value
+            self.mixed_precision = parse_mixed_precision(
+                self.mixed_precision,
+                "config key 'mixed_precision'",
+                "edit the config file (or rerun `hasten config`)",
+            )
 
 
 def _choice(key: str, value: Any, enum_cls: type[Enum]) -> Any:

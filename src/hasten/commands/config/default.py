@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hasten.commands.config.config_args import ClusterConfig, default_json_config_file
-from hasten.config.enums import DistributedType, PrecisionType, enum_value
+from hasten.config.enums import DistributedType, PrecisionType, enum_value, parse_mixed_precision
 
 __all__ = ["default_command_parser", "default_config_command", "write_basic_config"]
 
@@ -44,11 +44,7 @@ def write_basic_config(
     Raises:
         ValueError: `mixed_precision` is not one of the allowed values.
     """
-    value = enum_value(mixed_precision).lower()
-    if value not in PrecisionType.list():
-        raise ValueError(
-            f"Unknown mixed_precision {mixed_precision!r}. Choose one of {PrecisionType.list()}."
-        )
+    value = parse_mixed_precision(mixed_precision, "write_basic_config(mixed_precision=...)")
     path = Path(save_location).expanduser()
     if path.exists():
         print(
