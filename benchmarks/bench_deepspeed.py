@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--stage", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--save-rounds", type=int, default=9)
+    parser.add_argument("--save-rounds", type=int, default=40)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--dir", default=None, help="where checkpoints go (default: the temp dir)")

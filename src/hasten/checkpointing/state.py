@@ -53,11 +53,12 @@ from hasten.checkpointing.writer import (
     prepare_staging,
     run_plan,
     safetensors_job,
+    start_adopting,
     start_jobs,
 )
 from hasten.core.errors import CheckpointNotFoundError
 from hasten.core.nested import recursively_apply
-from hasten.ops.collectives import gather_object
+from hasten.ops.collectives import gather_object, reduce
 from hasten.state import PartialState
 from hasten.strategies import Strategy
 
@@ -295,8 +296,24 @@ def _engine_save(engine: EngineCheckpoint, plan: SavePlan, buffers: HostBuffers 
     if buffers is not None:
         plan.jobs += [FileJob(name, write) for name, write in files.jobs()]
         buffers.finish()  # device copies of the engine's state landed
+    elif plan.is_writer:
+        start_adopting(plan, _engine_written_top_level(plan))
     plan.engine_files = files
     plan.adopt_unlisted = True
+
+
+def _engine_written_top_level(plan: SavePlan) -> list[str]:
+    """Top-level files of the staging folder the engine wrote by itself (DeepSpeed's ``latest``
+    and recovery script), told apart from hasten's own: the writer's jobs and every process's
+    RNG file, the only ones the other processes write there."""
+    own = {job.name for job in plan.jobs} | {
+        layout.rng_file(rank) for rank in range(plan.num_processes)
+    }
+    return [
+        entry.name
+        for entry in os.scandir(plan.staging)
+        if entry.is_file() and not entry.name.startswith(".") and entry.name not in own
+    ]
 
 
 def finish_async_save(pending: PendingSave) -> Path:
@@ -324,6 +341,10 @@ def _agree_on_outcome(state: PartialState, error: BaseException | None) -> None:
     leaves the others blocked in a later collective.
     """
     if state.num_processes == 1:
+        return
+    # one small reduction when every process succeeded (the usual case); names only on failure
+    failed = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=state.device)
+    if int(reduce(failed, "max").item()) == 0:
         return
     mine = [f"process {state.process_index}: {error}"] if error is not None else []
     failures = [f for f in gather_object(mine) if f not in mine]

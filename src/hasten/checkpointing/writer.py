@@ -49,6 +49,7 @@ __all__ = [
     "prepare_staging",
     "run_plan",
     "safetensors_job",
+    "start_adopting",
     "start_jobs",
 ]
 
@@ -173,6 +174,8 @@ class SavePlan:
     adopt_unlisted: bool = False
     #: This process's own files, when `start_jobs` began writing them early.
     started: list[Future[FileRecord]] | None = None
+    #: Files an engine wrote by itself that the writer began checksumming early.
+    adopting: list[Future[FileRecord]] = field(default_factory=list)
 
     @property
     def staging(self) -> Path:
@@ -268,6 +271,18 @@ def _write_and_sync(folder: Path, job: FileJob) -> FileRecord:
     return record
 
 
+def _adopt_named(folder: Path, name: str) -> FileRecord:
+    record = _hash_named(folder, name)
+    _sync_named(folder, record)
+    return record
+
+
+def start_adopting(plan: SavePlan, names: list[str]) -> None:
+    """Start checksumming and fsyncing ``names``, written by an engine itself, on the file threads."""
+    pool = file_threads()
+    plan.adopting += [pool.submit(_adopt_named, plan.staging, name) for name in names]
+
+
 def start_jobs(plan: SavePlan) -> None:
     """Start writing (and fsyncing) this process's own files on the file threads now.
 
@@ -334,11 +349,12 @@ def _adopt_unlisted(
 
     The fsyncs run while the manifest is written; the folder is published after both.
     """
-    known = {r.name for r in listed}
-    names = [n for n in engine_file_names(plan.staging) if n not in known]
     pool = file_threads()
     try:
-        records = list(pool.map(functools.partial(_hash_named, plan.staging), names))
+        early = [future.result() for future in plan.adopting]
+        known = {r.name for r in [*listed, *early]}
+        names = [n for n in engine_file_names(plan.staging) if n not in known]
+        records = early + list(pool.map(functools.partial(_hash_named, plan.staging), names))
     except _FileFailed as failed:
         raise OSError(
             failed.error.errno,
