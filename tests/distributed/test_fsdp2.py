@@ -389,10 +389,11 @@ def test_one_process_checkpoint_resumes_on_two_fsdp2_processes(tmp_path: Path) -
     assert results[0]["steps"] == [3] and results[1]["steps"] == [3]
 
 
-def _save_model_both_ways(folder: str) -> dict[str, Any]:
+def _save_model_both_ways(folder: str, engine: str) -> dict[str, Any]:
     from hasten.checkpointing.model import save_model_weights
 
-    accelerator = _accelerator("fsdp2")
+    fsdp1 = {"use_orig_params": True} if engine == "fsdp1" else {}
+    accelerator = _accelerator(engine, **fsdp1)
     torch.manual_seed(0)
     model = TinyTransformer()
     model.tied = torch.nn.Linear(16, 4)  # a root-level tied weight and a plain buffer
@@ -410,10 +411,15 @@ def _save_model_both_ways(folder: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(120)
-def test_save_model_gathers_shard_by_shard_with_the_same_output(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1"])
+def test_save_model_gathers_shard_by_shard_with_the_same_output(
+    tmp_path: Path, engine: str
+) -> None:
     from safetensors.torch import load_file
 
-    keys = run_distributed(_save_model_both_ways, str(tmp_path), world_size=2, timeout=60)[0]
+    keys = run_distributed(_save_model_both_ways, str(tmp_path), engine, world_size=2, timeout=60)[
+        0
+    ]
     assert "tied.weight" in keys["keys"] and "scale" in keys["keys"]
     for size in ("1KB", "10GB"):
         for safe in (True, False):

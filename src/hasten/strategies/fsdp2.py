@@ -30,7 +30,6 @@ from hasten.strategies.unwrap import is_compiled_module
 __all__ = [
     "FSDP2Strategy",
     "apply_activation_checkpointing",
-    "gather_to_main",
     "ignored_modules",
     "modules_to_shard",
     "resolve_offload",
@@ -165,28 +164,6 @@ def _refuse_meta(module: nn.Module) -> None:
         )
 
 
-def gather_to_main(part: dict[str, Any]) -> dict[str, Any]:
-    """Full CPU copies of ``part``'s entries on rank 0 (``{}`` elsewhere), one tensor at a time.
-
-    What ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` gives for these
-    entries (each DTensor all-gathered over its mesh, plain values as they are), but only for
-    the entries asked for, so a caller can write and drop them before gathering the next part.
-    Every process calls it with the same keys.
-    """
-    from torch.distributed.tensor import DTensor
-
-    main = dist.get_rank() == 0
-    out: dict[str, Any] = {}
-    for name, value in part.items():
-        if isinstance(value, DTensor):
-            if value.device.type != value.device_mesh.device_type:  # CPU-offloaded shards
-                value = value.to(value.device_mesh.device_type)
-            value = value.full_tensor()
-        if main:
-            out[name] = value.to("cpu") if isinstance(value, torch.Tensor) else value
-    return out
-
-
 class FSDP2Strategy(ShardedStrategy):
     """Shard with ``torch.distributed.fsdp.fully_shard`` as the plugin asks."""
 
@@ -279,15 +256,6 @@ class FSDP2Strategy(ShardedStrategy):
             dist.broadcast(tensor, src=0)
             owner, _, leaf = name.rpartition(".")
             module.get_submodule(owner)._buffers[leaf] = tensor
-
-    @override
-    def full_state_dict_parts(
-        self, model: nn.Module
-    ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        options = state_dict_options(full=False, cpu_offload=False)
-        return get_model_state_dict(self._module(model), options=options), gather_to_main
 
     @override
     def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:

@@ -9,16 +9,19 @@ non-zero ranks deadlocks on gloo).
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from typing_extensions import override
 
 from hasten.strategies.base import Strategy
 from hasten.strategies.rebind import canonical_name
 
-__all__ = ["ShardedStrategy", "by_name", "inner_optimizer", "state_dict_options"]
+__all__ = ["ShardedStrategy", "by_name", "gather_to_main", "inner_optimizer", "state_dict_options"]
 
 
 def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -38,6 +41,51 @@ def state_dict_options(*, full: bool, cpu_offload: bool, strict: bool = True) ->
         broadcast_from_rank0=True,
         strict=strict,
     )
+
+
+def _full_sharded_tensor(value: Any, main: bool) -> torch.Tensor | None:
+    """FSDP1's ShardedTensor gathered on rank 0 (where its shards live, then to the CPU)."""
+    shards = value.local_shards()
+    device = shards[0].tensor.device if shards else torch.device("cpu")
+    out = torch.empty(value.size(), dtype=value.dtype, device=device) if main else None
+    value.gather(dst=0, out=out)
+    return out
+
+
+def _stand_in(value: Any) -> Any:
+    """``value``, or for a ShardedTensor (no ``numel``) a meta tensor of its full shape."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if isinstance(value, ShardedTensor):
+        return torch.empty(value.size(), dtype=value.dtype, device="meta")
+    return value
+
+
+def gather_to_main(part: dict[str, Any]) -> dict[str, Any]:
+    """Full CPU copies of ``part``'s entries on rank 0 (``{}`` elsewhere), one tensor at a time.
+
+    What ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` gives for these
+    entries (each DTensor all-gathered over its mesh, FSDP1's ShardedTensors gathered to rank 0,
+    plain values as they are), but only for the entries asked for, so a caller can write and
+    drop them before gathering the next part. Every process calls it with the same keys.
+    """
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    main = dist.get_rank() == 0
+    out: dict[str, Any] = {}
+    for name, value in part.items():
+        if isinstance(value, DTensor):
+            if value.device.type != value.device_mesh.device_type:  # CPU-offloaded shards
+                value = value.to(value.device_mesh.device_type)
+            value = value.full_tensor()
+        elif isinstance(value, ShardedTensor):
+            with warnings.catch_warnings():  # FSDP1 hands out ShardedTensors; torch deprecates them
+                warnings.filterwarnings("ignore", "Please use DTensor", FutureWarning)
+                value = _full_sharded_tensor(value, main)
+        if main:
+            out[name] = value.to("cpu") if isinstance(value, torch.Tensor) else value
+    return out
 
 
 def by_name(module: nn.Module, optimizer: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +144,20 @@ class ShardedStrategy(Strategy):
 
         options = state_dict_options(full=full, cpu_offload=self.full_offload)
         return get_model_state_dict(self._module(model), options=options)
+
+    @override
+    def full_state_dict_parts(
+        self, model: nn.Module
+    ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        options = state_dict_options(full=False, cpu_offload=False)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Please use DTensor", FutureWarning)
+            held = get_model_state_dict(self._module(model), options=options)
+        return {k: _stand_in(v) for k, v in held.items()}, lambda part: gather_to_main(
+            {k: held[k] for k in part}
+        )
 
     @override
     def load_model_state_dict(
