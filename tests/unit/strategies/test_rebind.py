@@ -63,3 +63,23 @@ def test_state_that_cannot_follow_a_new_layout_is_an_error() -> None:
     after = {n: Other(p.detach().clone()) for n, p in _named(old).items()}
     with pytest.raises(ValueError, match="already has state"):
         rebind_optimizers([opt], [parameter_ids(old)], [after])
+
+
+def test_setup_holds_no_reference_to_the_parameters_it_replaces() -> None:
+    import gc
+    import weakref
+
+    from hasten.strategies import SingleDeviceStrategy
+
+    model = nn.Linear(2, 2)
+    old = weakref.ref(model.weight)
+    freed: list[bool] = []
+
+    def prepare(module: nn.Module) -> nn.Module:
+        module.weight = nn.Parameter(torch.zeros(2, 2))  # what sharding does to every weight
+        gc.collect()
+        freed.append(old() is None)  # the unsharded weight can go while the rest is set up
+        return module
+
+    SingleDeviceStrategy().setup([model], [], [], prepare)
+    assert freed == [True]
