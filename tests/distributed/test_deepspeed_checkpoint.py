@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -205,15 +206,26 @@ def _failing_serializer(obj: Any, handle: Any) -> None:
 
 
 def _async_mid_cycle_and_failing_saves(root: str) -> dict[str, Any]:
+    """ZeRO-3: an asynchronous save, a save mid-cycle, a save one process cannot write."""
     from hasten.state import PartialState
 
-    accelerator, model, optimizer, loader, _ = _setup(2)
+    accelerator, model, optimizer, loader, _ = _setup(3)
     rank = PartialState().process_index
     batches = iter(loader)
     _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
+    writer = accelerator.strategy.engines[0].checkpoint_engine
+    written = threading.Event()
+
+    def after_training_went_on(obj: Any, handle: Any) -> None:
+        written.wait(120)  # the files are written only once training changed the state
+        type(writer)._serialize(writer, obj, handle)
+
+    writer._serialize = after_training_went_on
     accelerator.save_state(os.path.join(root, "async"), async_save=True)
+    del writer._serialize
     # training goes on while the checkpoint is written; it must hold the state at the call
     after_async = _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
+    written.set()
     _micro_steps(accelerator, model, optimizer, [next(batches)])  # mid-cycle now
     with pytest.warns(RuntimeWarning, match="middle of a DeepSpeed accumulation cycle"):
         accelerator.save_state(os.path.join(root, "mid"))
@@ -235,7 +247,7 @@ def _async_mid_cycle_and_failing_saves(root: str) -> dict[str, Any]:
 
 
 def _resume_from(folder: str, micro_steps: int) -> dict[str, Any]:
-    accelerator, model, optimizer, loader, _ = _setup(2)
+    accelerator, model, optimizer, loader, _ = _setup(3)
     accelerator.load_state(folder)
     batches = iter(loader)  # resumes at the saved position
     losses = _micro_steps(accelerator, model, optimizer, [next(batches)])
