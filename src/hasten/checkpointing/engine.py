@@ -30,6 +30,7 @@ __all__ = [
     "fsync_path",
     "hash_existing",
     "record_existing",
+    "subdirectories",
     "sync_directories",
     "verify_existing",
 ]
@@ -119,7 +120,7 @@ class EngineFiles:
         return [(name, _bound(serialize, obj)) for name, obj, serialize in queued]
 
     def finish(self) -> list[FileRecord]:
-        """Wait for the fsyncs (and the folders holding the files); return the records.
+        """Wait for the files' fsyncs; return the records.
 
         Raises:
             Exception: the first failure of a write or an fsync, with the file's name in
@@ -133,8 +134,7 @@ class EngineFiles:
         if self.failure is not None:
             raise self.failure[1]
         records, self._records, self._syncs = self._records, [], []
-        sync_directories(self.folder, [r.name for r in records])
-        return records
+        return records  # their folders are fsynced by the writer, once, before publishing
 
 
 def _bound(serialize: Serializer, obj: Any) -> Callable[[BinaryIO], None]:
@@ -188,11 +188,15 @@ def record_existing(folder: Path, name: str) -> FileRecord:
     return record
 
 
+def subdirectories(folder: Path, names: list[str]) -> list[Path]:
+    """The subdirectories of ``folder`` holding one of ``names`` (relative file names)."""
+    return sorted({(folder / n).parent for n in names} - {folder})
+
+
 def sync_directories(folder: Path, names: list[str]) -> None:
-    """Fsync every subdirectory holding one of ``names`` (the renames inside must be durable)."""
-    for parent in sorted({(folder / n).parent for n in names}):
-        if parent != folder:
-            fsync_directory(parent)
+    """Fsync every subdirectory holding one of ``names`` (the entries inside must be durable)."""
+    for parent in subdirectories(folder, names):
+        fsync_directory(parent)
 
 
 def verify_existing(folder: Path, manifest: dict[str, Any], names: list[str]) -> None:

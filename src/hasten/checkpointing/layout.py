@@ -10,9 +10,10 @@ import os
 import re
 import shutil
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
-from hasten.checkpointing.io import fsync_directory
+from hasten.checkpointing.io import file_threads, fsync_directory
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
 from hasten.core.constants import (
     MODEL_NAME,
@@ -110,24 +111,30 @@ def staging_path(final: Path) -> Path:
     return final.parent / f".{final.name}.partial"
 
 
-_REMOVALS: dict[Path, threading.Thread] = {}
+_REMOVALS: dict[Path, Future[None]] = {}
 _REMOVALS_LOCK = threading.Lock()
 
 
 def _remove_in_background(path: Path) -> None:
-    thread = threading.Thread(
-        target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, name="hasten-remove"
-    )
+    removal = file_threads().submit(shutil.rmtree, path, ignore_errors=True)
     with _REMOVALS_LOCK:
-        _REMOVALS[path] = thread
-    thread.start()
+        _REMOVALS[path] = removal
+
+
+def _forget_removals() -> None:
+    global _REMOVALS_LOCK
+    _REMOVALS.clear()  # a forked child: those removals run (and finish) in the parent
+    _REMOVALS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_removals)
 
 
 def _wait_for_removal(path: Path) -> None:
     with _REMOVALS_LOCK:
-        thread = _REMOVALS.pop(path, None)
-    if thread is not None:
-        thread.join()
+        removal = _REMOVALS.pop(path, None)
+    if removal is not None:
+        removal.result()
 
 
 def wait_for_removals() -> None:

@@ -31,9 +31,9 @@ from hasten.checkpointing.engine import (
     engine_file_names,
     fsync_path,
     hash_existing,
-    sync_directories,
+    subdirectories,
 )
-from hasten.checkpointing.io import EarlyWriteback, file_threads
+from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory
 from hasten.checkpointing.manifest import ChecksumWriter, FileRecord, write_manifest
 from hasten.checkpointing.tensors import write_safetensors
 from hasten.core.nested import recursively_apply
@@ -322,7 +322,6 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
             pool = file_threads()
             records = list(pool.map(functools.partial(_write_named, plan.staging), plan.jobs))
             list(pool.map(functools.partial(_sync_named, plan.staging), records))
-        sync_directories(plan.staging, [r.name for r in records])
         records += _engine_records(plan)
     except _FileFailed as failed:
         exc = failed.error
@@ -393,16 +392,17 @@ def _run_plan(plan: SavePlan, before: Callable[[], None] | None) -> Path:
         return plan.final
     everyone = _collect_records(plan)
     syncs: list[Future[None]] = []
-    adopted: list[FileRecord] = []
     if plan.adopt_unlisted:
         adopted, syncs = _adopt_unlisted(plan, everyone)
         everyone += adopted
     for rank in range(plan.num_processes):
         (plan.staging / _RECORDS.format(rank=rank)).unlink(missing_ok=True)
+    # the subfolders' entries (engine files, async jobs) are made durable once, here
+    folders = subdirectories(plan.staging, [r.name for r in everyone])
+    syncs += [file_threads().submit(fsync_directory, folder) for folder in folders]
     write_manifest(plan.staging, everyone, plan.extra)
     for future in syncs:
         future.result()
-    sync_directories(plan.staging, [r.name for r in adopted])
     layout.publish(plan.staging, plan.final)
     if plan.total_limit is not None and plan.project_dir is not None:
         layout.prune_checkpoints(plan.project_dir, plan.total_limit)
