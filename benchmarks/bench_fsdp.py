@@ -6,7 +6,10 @@ loops shard the same block model (each block its own group, then the root) in on
 group; rounds alternate them and rank 0 prints median/best time per step and the ratio. The
 checkpoint part times ``save_state``/``load_state`` (staging, manifest with block checksums,
 atomic publish, RNG and loader files included) against ``dcp.save``/``dcp.load`` of the same
-model and optimizer state dicts, and prints throughput ratios (>= 1.0: hasten is as fast).
+model and optimizer state dicts, and prints time ratios (<= 1.0: hasten is as fast), with a second
+raw loop as the noise floor. The async part times how long ``save_state(async_save=True)``
+blocks the loop (the call, plus what the next optimizer step waits for the state copy) as a
+share of a synchronous ``save_state`` (target <= 0.15).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
+import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,32 +99,100 @@ def _checkpoints(accelerator: Any, model: Any, opt: Any, rounds: int, root: Path
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    def raw_save() -> None:
-        msd, osd = get_state_dict(model, opt)
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=root / "raw")
+    def raw_save(folder: str) -> Callable[[], None]:
+        def run() -> None:
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=root / folder)
 
-    def raw_load() -> None:
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=root / "raw")
-        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+        return run
 
-    def hasten_save() -> None:
-        if dist.get_rank() == 0:
-            shutil.rmtree(root / "hasten", ignore_errors=True)
-        dist.barrier()
+    def raw_load(folder: str) -> Callable[[], None]:
+        def run() -> None:
+            msd, osd = get_state_dict(model, opt)
+            state = {"model": msd, "optim": osd}
+            dcp.load(state, checkpoint_id=root / folder)
+            set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+
+        return run
+
+    def hasten_save() -> None:  # replaces the previous one (published atomically, old removed)
         accelerator.save_state(str(root / "hasten"))
 
     def hasten_load() -> None:
         accelerator.load_state(str(root / "hasten"))
 
     size = sum(p.numel() * p.element_size() for p in model.parameters()) * 3  # + Adam moments
-    saves = timed(rounds, {"raw dcp.save": raw_save, "save_state": hasten_save})
+    # "raw control" is a second copy of the raw loop: its ratio to the first is the noise floor
+    saves = timed(
+        rounds,
+        {
+            "raw dcp.save": raw_save("raw"),
+            "save_state": hasten_save,
+            "raw control": raw_save("ctl"),
+        },
+    )
     report(
         f"sharded save ({size / 2**20:.0f} MiB model+optimizer)", saves, "raw dcp.save", 1e3, "ms"
     )
-    loads = timed(rounds, {"raw dcp.load": raw_load, "load_state": hasten_load})
+    loads = timed(
+        rounds,
+        {
+            "raw dcp.load": raw_load("raw"),
+            "load_state": hasten_load,
+            "raw control": raw_load("ctl"),
+        },
+    )
     report("sharded load", loads, "raw dcp.load", 1e3, "ms")
+
+
+def _async_blocking(
+    accelerator: Any, run: Callable[[list[Any]], None], batch: Any, rounds: int, root: Path
+) -> None:
+    """How long save_state(async_save=True) blocks the loop, beside a synchronous save_state.
+
+    Blocked = the call + what the next optimizer step waits for the optimizer state's copy
+    (taken on the writer thread, see hasten.checkpointing.writer.Snapshot). The step after each
+    save is timed too (a background write shares the cores). Round 0 makes the writer's
+    process group and host buffers and is left out.
+    """
+    from hasten.checkpointing import writer
+
+    held: list[float] = []
+    hold = writer.Snapshot._hold
+
+    def timed_hold(self: Any, *args: Any) -> None:
+        start = time.perf_counter()
+        hold(self, *args)
+        held.append(time.perf_counter() - start)
+
+    writer.Snapshot._hold = timed_hold  # type: ignore[method-assign]
+    times: dict[str, list[float]] = {
+        "sync save_state": [], "async blocks": [], "async call": [], "held in step": [],
+        "step after sync": [], "step after async": [],
+    }  # fmt: skip
+    for r in range(rounds + 1):
+        for kind in ("sync", "async") if r % 2 else ("async", "sync"):
+            held.clear()
+            dist.barrier()
+            start = time.perf_counter()
+            accelerator.save_state(str(root / kind), async_save=kind == "async")
+            called = time.perf_counter()
+            run([batch])
+            stepped = time.perf_counter()
+            accelerator._checkpoints.wait()  # the background write ends before the next round
+            if r == 0:
+                continue
+            if kind == "sync":
+                times["sync save_state"].append(called - start)
+            else:
+                times["async call"].append(called - start)
+                times["held in step"].append(sum(held))
+                times["async blocks"].append(called - start + sum(held))
+            times[f"step after {kind}"].append(
+                stepped - called - (sum(held) if kind == "async" else 0)
+            )
+    writer.Snapshot._hold = hold  # type: ignore[method-assign]
+    report("async sharded save: time the training loop is blocked", times, "sync save_state")
 
 
 def worker(steps: int, rounds: int, width: int, depth: int) -> None:
@@ -156,7 +229,9 @@ def worker(steps: int, rounds: int, width: int, depth: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
     dist.barrier()
+    warnings.filterwarnings("ignore", message="Detected an existing checkpoint")  # raw overwrites
     _checkpoints(accelerator, model, opt, rounds, root)
+    _async_blocking(accelerator, hasten_run, batches[0], rounds, root)
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(root, ignore_errors=True)

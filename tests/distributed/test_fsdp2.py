@@ -233,7 +233,7 @@ def _killed_during_save(folder: str) -> None:
     def die(*_: Any) -> None:  # every process is killed after DCP wrote its shards
         os.kill(os.getpid(), signal.SIGKILL)
 
-    sharded_state._record = die  # type: ignore[assignment]
+    sharded_state._written = die  # type: ignore[assignment]
     accelerator.save_state(folder)
 
 

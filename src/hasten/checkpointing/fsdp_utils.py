@@ -3,7 +3,9 @@
 ``save_fsdp_model`` / ``load_fsdp_model`` / ``save_fsdp_optimizer`` / ``load_fsdp_optimizer``
 write and read Accelerate's layout: a sharded state dict as a DCP folder
 (``pytorch_model_fsdp_<i>`` / ``optimizer_<i>``), a full one as ``pytorch_model_fsdp[_<i>].bin``
-/ ``optimizer[_<i>].bin`` from rank 0. The ``fsdp2_*`` helpers expose the pieces of the FSDP2
+/ ``optimizer[_<i>].bin`` from rank 0, and FSDP1's LOCAL_STATE_DICT model as each process's
+``pytorch_model_fsdp[_<i>]_rank<r>.bin`` (its flat shards as plain tensors, so they load with
+``weights_only=True``; the optimizer state is sharded, through DCP, as in Accelerate). The ``fsdp2_*`` helpers expose the pieces of the FSDP2
 strategy's prepare. Every process calls the collective ones together.
 """
 
@@ -12,11 +14,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import torch
 from torch import nn
 
+from hasten.checkpointing.io import atomic_write, load
 from hasten.checkpointing.merge import merge_sharded_checkpoint
 from hasten.checkpointing.sharded_state import sharded_model_dir, sharded_optimizer_dir
 from hasten.config import envvars
@@ -95,18 +98,85 @@ def _strategy(fsdp_plugin: Any, accelerator: Any) -> ShardedStrategy:
     return cls(plugin, accelerator.device)
 
 
-def _sharded(fsdp_plugin: Any, use_dcp: bool) -> bool:
+def _kind(fsdp_plugin: Any, use_dcp: bool, *, optimizer: bool = False) -> str:
+    """ "full", "sharded" (DCP) or "local" (each process's own file) for the plugin's type.
+
+    As in Accelerate, a LOCAL_STATE_DICT optimizer state is sharded and goes through DCP.
+    """
     name = getattr(fsdp_plugin.state_dict_type, "name", str(fsdp_plugin.state_dict_type))
     if name == "LOCAL_STATE_DICT":
-        raise ValueError(
-            "save/load_fsdp_* with LOCAL_STATE_DICT is not supported by hasten; use "
-            "SHARDED_STATE_DICT (any number of processes) or FULL_STATE_DICT."
-        )
+        return "sharded" if optimizer else "local"
     if name == "SHARDED_STATE_DICT" and not use_dcp:
         raise ValueError(
             "A SHARDED_STATE_DICT is written with torch.distributed.checkpoint; pass use_dcp=True."
         )
-    return name == "SHARDED_STATE_DICT"
+    return "sharded" if name == "SHARDED_STATE_DICT" else "full"
+
+
+def _local_file(index: int) -> str:
+    """``pytorch_model_fsdp_rank<r>.bin`` (model 0) / ``pytorch_model_fsdp_<i>_rank<r>.bin``."""
+    rank = PartialState().process_index
+    stem = FSDP_MODEL_NAME if index == 0 else f"{FSDP_MODEL_NAME}_{index}"
+    return f"{stem}_rank{rank}.bin"
+
+
+def _local_state(model: Any) -> tuple[Any, dict[str, Any]]:
+    """The FSDP1 root of ``model`` and its LOCAL_STATE_DICT (this process's flat shards)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+
+    root = getattr(model, "_orig_mod", model)
+    if not isinstance(root, FullyShardedDataParallel):
+        raise ValueError(
+            "LOCAL_STATE_DICT saves FSDP1's flat parameter shards, but this model is not wrapped "
+            f"by FSDP1 ({type(root).__name__}). Prepare it with fsdp_version=1, or use "
+            "SHARDED_STATE_DICT."
+        )
+    with FullyShardedDataParallel.state_dict_type(root, StateDictType.LOCAL_STATE_DICT):
+        return root, root.state_dict()
+
+
+def _plain(value: Any) -> Any:
+    """A ShardedTensor's local shard as a plain tensor (loadable with ``weights_only=True``)."""
+    local = getattr(value, "local_tensor", None)
+    return local().detach() if callable(local) else value
+
+
+def _save_local(model: Any, path: Path) -> None:
+    _, state = _local_state(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as handle:
+        torch.save({k: _plain(v) for k, v in state.items()}, cast(BinaryIO, handle))
+
+
+def _load_local(model: Any, path: Path) -> None:
+    """Put this process's saved flat shards back (same number of processes, same wrapping)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+
+    root, state = _local_state(model)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"No LOCAL_STATE_DICT file {path} for process {PartialState().process_index}. Such "
+            "checkpoints load only on the number of processes that saved them; use "
+            "SHARDED_STATE_DICT to load on another number."
+        )
+    saved = load(path, map_location="cpu")
+    if set(saved) != set(state):
+        raise ValueError(
+            f"{path} holds {sorted(saved)} but the model's local state has {sorted(state)}: load "
+            "it into the model it was saved from, wrapped the same way."
+        )
+    for key, value in state.items():
+        here = _plain(value)
+        if tuple(saved[key].shape) != tuple(here.shape):
+            raise ValueError(
+                f"{path}: {key} is {tuple(saved[key].shape)} but this process holds "
+                f"{tuple(here.shape)}; load on the same number of processes with the same "
+                "wrapping as when it was saved."
+            )
+        with torch.no_grad():
+            here.copy_(saved[key])
+    with FullyShardedDataParallel.state_dict_type(root, StateDictType.LOCAL_STATE_DICT):
+        root.load_state_dict(state)
 
 
 def _full_file(stem: str, index: int) -> str:
@@ -139,6 +209,9 @@ def save_fsdp_model(
     """Save ``model``: sharded into ``pytorch_model_fsdp_<i>/`` or full from rank 0."""
     _adapter_refused(adapter_only)
     strategy = _strategy(fsdp_plugin, accelerator)
+    if _kind(strategy.plugin, use_dcp) == "local":
+        _save_local(model, Path(output_dir) / _local_file(model_index))
+        return
     _save(
         strategy,
         use_dcp,
@@ -160,6 +233,9 @@ def load_fsdp_model(
     """Load what `save_fsdp_model` wrote (sharded: on any number of processes)."""
     _adapter_refused(adapter_only)
     strategy = _strategy(fsdp_plugin, accelerator)
+    if _kind(strategy.plugin, use_dcp) == "local":
+        _load_local(model, Path(input_dir) / _local_file(model_index))
+        return
     _load(
         strategy,
         use_dcp,
@@ -314,7 +390,7 @@ def _save(
     full_path: Path,
 ) -> None:
     """Write ``state_of(full)``: DCP shards from every process, or one torch file from rank 0."""
-    if _sharded(strategy.plugin, use_dcp):
+    if _kind(strategy.plugin, use_dcp, optimizer=True) == "sharded":
         _dcp("save", state_of(False), sharded_dir)
         return
     state = state_of(True)
@@ -335,7 +411,7 @@ def _load(
 
     Full files load with ``weights_only=True``: state dicts hold only tensors and plain values.
     """
-    if _sharded(strategy.plugin, use_dcp):
+    if _kind(strategy.plugin, use_dcp, optimizer=True) == "sharded":
         state = state_of(False)
         _dcp("load", state, sharded_dir)
         apply(state, False)

@@ -4,9 +4,11 @@ When the strategy's ``checkpoint_layout`` is "sharded", each model's and optimiz
 state dict (``strategy.model_state_dict(full=False)``: DTensor shards keyed by parameter name)
 goes into its own DCP folder inside the checkpoint's staging folder -- Accelerate's names,
 ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` -- with every process writing its
-``__<rank>_*.distcp`` files in parallel. Each process then hashes the files it wrote, so they
-join the manifest like every other file: the folder is still published atomically, a crash
-leaves only the staging folder, and a missing or damaged part is refused on load.
+```__<rank>_*.distcp`` files in parallel. One DCP call writes (and one reads) every part, through
+`hasten.checkpointing.dcp_storage`: files are hashed while written, so they join the manifest
+like every other file without a second pass, and verified while read. The folder is still
+published atomically, a crash leaves only the staging folder, and a missing or damaged part is
+refused on load before any tensor is filled.
 
 Loading follows what is on disk, not the current strategy: DCP reshards while reading, so a
 checkpoint saved by N processes loads on M (a single process loads it into a plain model).
@@ -15,26 +17,30 @@ checkpoint saved by N processes loads on M (a single process loads it into a pla
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from hasten.checkpointing import checksum
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
-from hasten.ops.collectives import gather_object
+from hasten.checkpointing.writer import SavePlan, Snapshot, write_jobs
+from hasten.core.nested import recursively_apply
 from hasten.state import PartialState
 
 __all__ = [
-    "load_sharded_model",
-    "load_sharded_optimizer",
+    "StagedParts",
+    "background_group",
+    "load_sharded_parts",
+    "make_part_folders",
     "optimizer_owner",
-    "save_sharded_parts",
     "sharded_model_dir",
     "sharded_optimizer_dir",
+    "sharded_state_dicts",
+    "stage_sharded",
+    "write_sharded_parts",
 ]
 
 _MODEL_DIR = "pytorch_model_fsdp_{index}"
@@ -55,12 +61,6 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and PartialState().num_processes > 1
 
 
-def _dcp(call: Any, state_dict: dict[str, Any], folder: Path) -> None:
-    with warnings.catch_warnings():  # DCP warns that one process means no process group
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        call(state_dict, checkpoint_id=folder, no_dist=not _distributed())
-
-
 def optimizer_owner(optimizer: Any, models: Sequence[torch.nn.Module]) -> torch.nn.Module:
     """The prepared model whose parameters ``optimizer`` updates.
 
@@ -78,45 +78,185 @@ def optimizer_owner(optimizer: Any, models: Sequence[torch.nn.Module]) -> torch.
     )
 
 
-def _record(folder: Path, name: str) -> FileRecord:
-    hasher = checksum.BlockHasher(checksum.BLOCK_BYTES)
-    with open(folder / name, "rb") as handle:
-        while chunk := handle.read(checksum.BLOCK_BYTES):
-            hasher.update(chunk)
-    return FileRecord(name, hasher.size, tuple(hasher.digests()))
+def sharded_state_dicts(
+    engine: Any, models: Sequence[Any], optimizers: Sequence[Any]
+) -> dict[str, dict[str, Any]]:
+    """``{part folder: sharded state dict}`` of every model and optimizer (DTensor shards)."""
+    state, _, _ = _get_states(engine, dict(enumerate(models)), dict(enumerate(optimizers)), models)
+    return state
 
 
-def _my_files(staging: Path, part: str, rank: int) -> list[str]:
-    names = [f"{part}/{p.name}" for p in (staging / part).glob(f"__{rank}_*.distcp")]
-    if rank == 0:
-        names.append(f"{part}/.metadata")
-    return names
+def _get_states(
+    engine: Any, models: dict[int, Any], optimizers: dict[int, Any], prepared: Sequence[Any]
+) -> tuple[dict[str, dict[str, Any]], dict[int, Any], dict[int, int]]:
+    """The parts' sharded state dicts, each optimizer's owner, and the model/optimizer pairs.
+
+    A model with exactly one optimizer gets both state dicts from one call of the engine
+    (``sharded_state_dicts``, where it has one): torch's state-dict API then walks the model once.
+    """
+    owners = {index: optimizer_owner(opt, prepared) for index, opt in optimizers.items()}
+    pairs: dict[int, int] = {}
+    if callable(getattr(engine, "sharded_state_dicts", None)):
+        for index, model in models.items():
+            mine = [o for o, owner in owners.items() if owner is model]
+            if len(mine) == 1:
+                pairs[index] = mine[0]
+    state: dict[str, dict[str, Any]] = {}
+    for index, model in models.items():
+        if index in pairs:
+            both = engine.sharded_state_dicts(model, optimizers[pairs[index]])
+            state[sharded_model_dir(index)], state[sharded_optimizer_dir(pairs[index])] = both
+        else:
+            state[sharded_model_dir(index)] = engine.model_state_dict(model, full=False)
+    for index, optimizer in optimizers.items():
+        if index not in pairs.values():
+            state[sharded_optimizer_dir(index)] = engine.optimizer_state_dict(
+                owners[index], optimizer, full=False
+            )
+    return state, owners, pairs
 
 
-def save_sharded_parts(
-    staging: Path, engine: Any, models: Sequence[Any], optimizers: Sequence[Any]
-) -> list[FileRecord]:
-    """Write every model's and optimizer's sharded state into ``staging``; every process calls.
+def _set_states(
+    engine: Any,
+    state: dict[str, dict[str, Any]],
+    models: dict[int, Any],
+    optimizers: dict[int, Any],
+    owners: dict[int, Any],
+    pairs: dict[int, int],
+) -> None:
+    """Load what `_get_states` gave (and DCP filled) into the models and optimizers."""
+    for index, model in models.items():
+        part = state[sharded_model_dir(index)]
+        if index in pairs:
+            paired = pairs[index]
+            engine.load_sharded_state_dicts(
+                model, optimizers[paired], part, state[sharded_optimizer_dir(paired)]
+            )
+        else:
+            engine.load_model_state_dict(model, part, full=False)
+    for index, optimizer in optimizers.items():
+        if index not in pairs.values():
+            loaded = state[sharded_optimizer_dir(index)]
+            engine.load_optimizer_state_dict(owners[index], optimizer, loaded, full=False)
+
+
+def background_group(holder: Any) -> Any:
+    """The gloo group a background sharded save coordinates over, made once per ``holder``.
+
+    Every process calls it together (making a group is collective); None without a group.
+    """
+    if not _distributed():
+        return None
+    if getattr(holder, "group", None) is None:
+        holder.group = dist.new_group(backend="gloo")
+    return holder.group
+
+
+@dataclass
+class StagedParts:
+    """The sharded parts of one save: copied now, or (optimizer states) on the writer thread."""
+
+    names: list[str]
+    copies: dict[str, Any]
+    deferred: dict[str, Any]  # part -> its param_groups, copied now; the state comes later
+
+    def write(self, plan: SavePlan, snapshot: Snapshot | None, group: Any) -> None:
+        """Write every part through DCP (the other files meanwhile), adopting the records."""
+        if snapshot is not None:
+            snapshot.take()
+        parts = dict(self.copies)
+        for name, groups in self.deferred.items():
+            assert snapshot is not None
+            parts[name] = {**snapshot.copied(name), "param_groups": groups}
+        # the other files (RNG, schedulers, loaders) are written while DCP writes the shards
+        mine, everyone = write_sharded_parts(
+            plan.staging, parts, group=group, also=lambda: write_jobs(plan)
+        )
+        if plan.save_on_each_node:  # several writers: records go through the staging folder
+            plan.prewritten = mine
+            return
+        plan.prewritten = everyone if plan.rank == 0 else mine
+        plan.collected = True
+
+
+def stage_sharded(
+    contents: Any, copy: Callable[[Any], Any], deferred: Snapshot | None
+) -> StagedParts:
+    """Every model's and optimizer's sharded state dict, staged for a (background) DCP write.
+
+    ``contents`` is the save's `CheckpointContents` (its engine, prepared models, optimizers).
+    ``copy`` copies to host memory (identity for a synchronous save); with ``deferred`` (an
+    asynchronous save) model shards are copied to host memory now; optimizer states on
+    the CPU are copied on the writer thread (their next ``step()`` waits for it), except their
+    ``param_groups``, which a scheduler may change before that step.
+    """
+    optimizers = contents.optimizers
+    parts = sharded_state_dicts(contents.engine, contents.prepared_models, optimizers)
+    staged = StagedParts(list(parts), {}, {})
+    for index, optimizer in enumerate(optimizers):
+        name = sharded_optimizer_dir(index)
+        state = parts[name]
+        if deferred is not None and _on_cpu(state) and set(state) == {"state", "param_groups"}:
+            deferred.defer(
+                name,
+                {"state": parts.pop(name)["state"]},
+                getattr(optimizer, "optimizer", optimizer),
+            )
+            staged.deferred[name] = copy(state["param_groups"])
+    staged.copies = {name: copy(state) for name, state in parts.items()}
+    return staged
+
+
+def _on_cpu(state: Any) -> bool:
+    found: list[bool] = []
+    recursively_apply(lambda t: found.append(t.device.type == "cpu"), state)
+    return all(found)
+
+
+def make_part_folders(staging: Path, parts: Sequence[str]) -> None:
+    """Create the part folders in a fresh staging folder (the main process, before DCP runs)."""
+    for part in parts:
+        (staging / part).mkdir(exist_ok=True)
+
+
+def write_sharded_parts(
+    staging: Path,
+    parts: dict[str, dict[str, Any]],
+    *,
+    group: Any = None,
+    also: Callable[[], list[FileRecord]] | None = None,
+) -> tuple[list[FileRecord], list[FileRecord]]:
+    """Write every part with one DCP save; every process calls it, after `make_part_folders`.
+
+    ``group`` is the process group DCP coordinates over (None: the default one; a background
+    save passes its own, so its collectives never interleave with the training loop's).
+    ``also`` writes this process's other files meanwhile and returns their records.
 
     Returns:
-        The records (size, block checksums) of the files this process wrote.
+        The records (size, block checksums) of the files this process wrote, and on the main
+        process those of every process's files (empty elsewhere).
     """
-    rank = PartialState().process_index
-    parts = []
-    for index, model in enumerate(models):
-        part = sharded_model_dir(index)
-        (staging / part).mkdir(exist_ok=True)
-        _dcp(_save, engine.model_state_dict(model, full=False), staging / part)
-        parts.append(part)
-    for index, optimizer in enumerate(optimizers):
-        part = sharded_optimizer_dir(index)
-        (staging / part).mkdir(exist_ok=True)
-        owner = optimizer_owner(optimizer, models)
-        _dcp(_save, engine.optimizer_state_dict(owner, optimizer, full=False), staging / part)
-        parts.append(part)
-    names = [name for part in parts for name in _my_files(staging, part, rank)]
-    with ThreadPoolExecutor(4, "hasten-hash") as pool:
-        return list(pool.map(lambda name: _record(staging, name), names))
+    from hasten.checkpointing.dcp_storage import PartedWriter
+
+    writer = PartedWriter(staging, list(parts), also=also)
+    try:
+        with warnings.catch_warnings():  # DCP warns that one process means no process group
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            _save(parts, storage_writer=writer, process_group=group, no_dist=not _distributed())
+    except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps every rank's
+        failures = [f[0] for f in getattr(exc, "failures", {}).values()]
+        if not failures or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        first = failures[0]
+        if isinstance(first, Exception):
+            raise first from exc  # e.g. the OSError of a full disk, on every process
+        raise RuntimeError(f"The sharded save failed: {first!r}") from exc
+    return _written(writer)
+
+
+def _written(writer: Any) -> tuple[list[FileRecord], list[FileRecord]]:
+    """What ``writer`` wrote, once DCP has finished (every part and ``.metadata`` on disk)."""
+    return list(writer.records), list(writer.all_records)
 
 
 def _save(state_dict: dict[str, Any], **kwargs: Any) -> None:
@@ -131,87 +271,82 @@ def _load(state_dict: dict[str, Any], **kwargs: Any) -> None:
     dcp.load(state_dict, **kwargs)
 
 
-def _verify(folder: Path, part: str, manifest: dict[str, Any] | None) -> None:
-    """Check every file of ``part`` against the manifest (sizes were checked on opening)."""
-    if manifest is None:
-        return
-    records = [r for name, r in manifest["files"].items() if name.startswith(part + "/")]
-    if not any(r.name.endswith("/.metadata") for r in records):
-        raise CorruptCheckpointError(
-            f"{folder / part} is not a complete sharded checkpoint part: the manifest lists no "
-            ".metadata for it. Load an earlier checkpoint."
-        )
-    block = int(manifest.get("block_bytes", checksum.BLOCK_BYTES))
-
-    def check(record: FileRecord) -> None:
-        hasher = checksum.BlockHasher(block)
-        with open(folder / record.name, "rb") as handle:
-            while chunk := handle.read(block):
-                hasher.update(chunk)
-        if tuple(hasher.digests()) != record.blocks:
-            raise CorruptCheckpointError(
-                f"{folder / record.name} is damaged (its checksums differ from the manifest). "
-                "Load an earlier checkpoint."
-            )
-
-    # Each process verifies its share of the files, then all agree: every file is checked
-    # once, whatever the number of processes, and a damaged one stops every process.
-    state = PartialState()
-    share = records[state.process_index :: state.num_processes] if _distributed() else records
-    problem = ""
-    try:
-        with ThreadPoolExecutor(4, "hasten-verify") as pool:
-            list(pool.map(check, share))
-    except CorruptCheckpointError as exc:
-        problem = str(exc)
-    found = [m for m in gather_object([problem]) if m] if _distributed() else [problem]
-    found = [m for m in found if m]
-    if found:
-        raise CorruptCheckpointError(found[0])
+def _part_label(part: str) -> str:
+    """``"model 0"`` / ``"optimizer 1"`` for a part folder name."""
+    kind = "optimizer" if part.startswith("optimizer_") else "model"
+    return f"{kind} {part.rsplit('_', 1)[-1]}"
 
 
-def _mismatch_error(what: str, folder: Path, exc: BaseException) -> ValueError:
-    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+def _mismatch(folder: Path, part: str, reason: str) -> ValueError:
+    what = _part_label(part)
     return ValueError(
-        f"The checkpoint's {what} ({folder}) does not match the {what.split()[0]} given: "
-        f"{reason}. "
-        "Load a checkpoint saved from this model (same parameter names and shapes)."
+        f"The checkpoint's {what} ({folder / part}) does not match the {what.split()[0]} given: "
+        f"{reason}. Load a checkpoint saved from this model (same parameter names and shapes)."
     )
 
 
-def load_sharded_model(
-    folder: Path, index: int, engine: Any, model: Any, manifest: dict[str, Any] | None
-) -> None:
-    """Read model ``index``'s DCP folder into ``model`` (any number of processes)."""
-    part = folder / sharded_model_dir(index)
-    _verify(folder, sharded_model_dir(index), manifest)
-    state = engine.model_state_dict(model, full=False)
-    try:
-        _dcp(_load, state, part)
-    except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps every rank's
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise _mismatch_error(f"model {index}", part, exc) from exc
-    engine.load_model_state_dict(model, state, full=False)
+def _check_model(folder: Path, part: str, state: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another model, naming its first differing tensor (before DCP)."""
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        item = saved.get(f"{part}.{key}")
+        if item is None:
+            raise _mismatch(folder, part, f"{key} is not in the checkpoint")
+        size = getattr(item, "size", None)
+        if size is not None and tuple(size) != tuple(value.shape):
+            raise _mismatch(
+                folder, part, f"{key} is {tuple(size)} in the checkpoint, {tuple(value.shape)} here"
+            )
 
 
-def load_sharded_optimizer(
+def _load_error(exc: BaseException, folder: Path, parts: list[str]) -> BaseException:
+    """The error to raise for a failed DCP load: a damaged file, or a mismatch naming its part."""
+    failures = [f[0] for f in getattr(exc, "failures", {}).values()] or [exc]
+    for failure in failures:
+        if isinstance(failure, CorruptCheckpointError):
+            return CorruptCheckpointError(str(failure))
+    text = str(failures[0]).strip()
+    reason = text.splitlines()[-1] if text else type(failures[0]).__name__
+    part = next((p for p in parts if f"{p}." in text), parts[0])
+    return _mismatch(folder, part, reason)
+
+
+def load_sharded_parts(
     folder: Path,
-    index: int,
     engine: Any,
-    optimizer: Any,
-    models: Sequence[Any],
+    models: dict[int, Any],
+    optimizers: dict[int, Any],
+    prepared: Sequence[Any],
     manifest: dict[str, Any] | None,
 ) -> None:
-    """Read optimizer ``index``'s DCP folder into ``optimizer`` (any number of processes)."""
-    part = folder / sharded_optimizer_dir(index)
-    _verify(folder, sharded_optimizer_dir(index), manifest)
-    owner = optimizer_owner(optimizer, models)
-    state = engine.optimizer_state_dict(owner, optimizer, full=False)
+    """Read the DCP folders of ``models`` and ``optimizers`` (by index) in one DCP load.
+
+    Works on any number of processes; with a manifest every file read is verified first.
+
+    Raises:
+        CorruptCheckpointError: a part's file is damaged or its ``.metadata`` is not listed.
+        ValueError: the checkpoint holds another model (names the part and the first mismatch).
+    """
+    from hasten.checkpointing.dcp_storage import PartedReader
+
+    state, owners, pairs = _get_states(engine, models, optimizers, prepared)
+    parts = list(state)
+    distributed = _distributed()
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    reader = PartedReader(folder, parts, manifest, rank=rank, world_size=world_size)
     try:
-        _dcp(_load, state, part)
-    except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps every rank's
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise _mismatch_error(f"optimizer {index}", part, exc) from exc
-    engine.load_optimizer_state_dict(owner, optimizer, state, full=False)
+        for index in models:  # every process checks the same shapes: all refuse together
+            part = sharded_model_dir(index)
+            _check_model(folder, part, state[part], reader.metadata.state_dict_metadata)
+        try:
+            with warnings.catch_warnings():  # DCP warns that one process means no group
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                _load(state, storage_reader=reader, no_dist=not distributed)
+        except BaseException as exc:  # DCP's CheckpointException wraps every rank's error
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise _load_error(exc, folder, parts) from exc
+    finally:
+        reader.close()
+    _set_states(engine, state, models, optimizers, owners, pairs)

@@ -21,6 +21,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -35,12 +36,13 @@ from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
 from hasten.checkpointing.reader import CheckpointReader, PendingRead
 from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
 from hasten.checkpointing.sharded_state import (
-    load_sharded_model,
-    load_sharded_optimizer,
+    background_group,
+    load_sharded_parts,
+    make_part_folders,
     optimizer_owner,
-    save_sharded_parts,
     sharded_model_dir,
     sharded_optimizer_dir,
+    stage_sharded,
 )
 from hasten.checkpointing.writer import (
     FileJob,
@@ -243,18 +245,24 @@ def save_contents(
     rng = {**capture_rng_state(), "step": step}
     plan.jobs.append(pickle_job(layout.rng_file(state.process_index), rng))
     plan.extra = {"step": step, "num_processes": state.num_processes}
+    staged = stage_sharded(contents, copy, deferred) if _sharded(contents) else None
     if buffers is not None:
         buffers.finish()  # device copies landed: training may change the originals now
     prepare_staging(plan)
     if self_writing is not None:  # its own first barrier comes after the folder is made
         _engine_save(self_writing, plan, buffers)
-    else:
-        state.wait_for_everyone()  # the staging folder exists before anyone writes into it
-    if _sharded(contents):  # collective: every process writes its shards now, in parallel
+    elif staged is None or save_on_each_node:
+        # the staging folder exists before anyone writes into it (a sharded save needs no
+        # barrier: DCP's planning exchange comes after the main process made the folders)
+        state.wait_for_everyone()
+    if staged is not None:  # collective: every process writes its shards, in parallel
+        if state.is_main_process:
+            make_part_folders(plan.staging, staged.names)
+        if buffers is not None:  # DCP runs on the writer thread, over a group of its own
+            group = background_group(buffers)
+            return PendingSave(plan, deferred, before=lambda: staged.write(plan, deferred, group))
         try:
-            plan.prewritten = save_sharded_parts(
-                plan.staging, contents.engine, contents.prepared_models, contents.optimizers
-            )
+            staged.write(plan, None, None)
         except Exception as exc:  # noqa: BLE001 - nothing is published; every process raises
             if is_writer:
                 shutil.rmtree(plan.staging, ignore_errors=True)
@@ -522,16 +530,27 @@ def load_contents(
             (part, target, _start_part(files, name, target, contents, map_location))
             for part, name, target in _stateful_parts(contents, skip=dcp_optimizers)
         ]
+        # this process's RNG file is parsed meanwhile (DCP waits on collectives and files), on
+        # a fresh thread each load (fork-safe) that ends once the read is done
+        pool = ThreadPoolExecutor(1, "hasten-rng-read")
+        rng = pool.submit(_read_rng, files)
+        pool.shutdown(wait=False)
+        if dcp_models or dcp_optimizers:  # one DCP load for every sharded part
+            load_sharded_parts(
+                folder,
+                engine,
+                {i: prepared[i] for i in dcp_models},
+                {i: contents.optimizers[i] for i in dcp_optimizers},
+                prepared,
+                manifest,
+            )
         for index, (model, pending) in enumerate(zip(contents.models, models)):
             if pending is None:
-                load_sharded_model(folder, index, engine, prepared[index], manifest)
-            elif gathered:
+                continue
+            if gathered:
                 engine.load_model_state_dict(prepared[index], pending.result(), strict=strict)
             else:
                 _apply_model(index, model, pending.result(), strict)
-        for index in dcp_optimizers:
-            optimizer = contents.optimizers[index]
-            load_sharded_optimizer(folder, index, engine, optimizer, prepared, manifest)
         if not gathered:
             _load_gradients(files, contents.models)
         for part, target, started in parts:
@@ -543,7 +562,7 @@ def load_contents(
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 _warn_or_raise(part, exc, strict)
-        return {"step": _load_rng(files, strict)}
+        return {"step": _load_rng(files, rng.result(), strict)}
 
 
 def _restore(
@@ -631,15 +650,21 @@ def _stateful_parts(
     return parts
 
 
-def _load_rng(files: CheckpointReader, strict: bool) -> int:
-    """Restore this process's RNG states; return the saved step."""
-    saved_step = int((files.manifest or {}).get("step", 0))
+def _read_rng(files: CheckpointReader) -> Any:
+    """This process's saved RNG states, or the exception reading them raised."""
     try:
-        rng = files.unpickle(layout.rng_file(PartialState().process_index), "cpu")
-    except CorruptCheckpointError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        _warn_or_raise("the RNG states", exc, strict)
+        return files.unpickle(layout.rng_file(PartialState().process_index), "cpu")
+    except Exception as exc:  # noqa: BLE001 - raised or warned about by _load_rng
+        return exc
+
+
+def _load_rng(files: CheckpointReader, rng: Any, strict: bool) -> int:
+    """Restore the RNG states `_read_rng` gave; return the saved step."""
+    saved_step = int((files.manifest or {}).get("step", 0))
+    if isinstance(rng, CorruptCheckpointError):
+        raise rng
+    if isinstance(rng, Exception):
+        _warn_or_raise("the RNG states", rng, strict)
         return saved_step
     step = int(rng.pop("step", saved_step))
     restore_rng_state(rng, strict=strict)

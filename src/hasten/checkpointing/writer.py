@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ __all__ = [
     "safetensors_job",
     "start_adopting",
     "start_jobs",
+    "write_jobs",
 ]
 
 _RECORDS = ".records_{rank}.json"
@@ -73,6 +75,9 @@ class HostBuffers:
         self._next = 0
         self._seen: dict[tuple[Any, ...], torch.Tensor] = {}
         self._pending_device = False
+        #: The process group a background sharded save coordinates over (made on first use,
+        #: so its collectives never interleave with the training loop's).
+        self.group: Any = None
 
     def begin(self) -> None:
         """Start copying a new checkpoint (reusing the previous one's buffers in order)."""
@@ -91,6 +96,11 @@ class HostBuffers:
         self._seen = {}
 
     def _copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        dtensor = _dtensor_type()
+        if dtensor is not None and isinstance(tensor, dtensor):
+            # a sharded tensor: copy this process's shard, keep its layout (mesh, placements)
+            local = self._copy_tensor(tensor._local_tensor)
+            return dtensor(local, tensor._spec, requires_grad=False)
         tensor = tensor.detach()
         key = (
             tensor.device,
@@ -117,6 +127,12 @@ class HostBuffers:
         self._pending_device |= non_blocking
         self._seen[key] = buffer
         return buffer
+
+
+def _dtensor_type() -> Any:
+    """``DTensor`` if torch's tensor-parallel package is loaded (else nothing can be one)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 @dataclass
@@ -176,6 +192,9 @@ class SavePlan:
     started: list[Future[FileRecord]] | None = None
     #: Files an engine wrote by itself that the writer began checksumming early.
     adopting: list[Future[FileRecord]] = field(default_factory=list)
+    #: ``prewritten`` already holds every process's records (gathered by DCP on the main
+    #: process), so no record files are exchanged.
+    collected: bool = False
 
     @property
     def staging(self) -> Path:
@@ -307,6 +326,16 @@ def _engine_records(plan: SavePlan) -> list[FileRecord]:
         raise _FileFailed(name, exc) from exc
 
 
+def write_jobs(plan: SavePlan) -> list[FileRecord]:
+    """Write and fsync this process's `FileJob` files now and drop them from ``plan``.
+
+    A sharded save runs this while DCP writes the shards, on its own thread.
+    """
+    records = _write_all(plan)
+    plan.jobs = []
+    return records
+
+
 def _write_all(plan: SavePlan) -> list[FileRecord]:
     """Write every job's file on a few threads at once, then fsync them all.
 
@@ -387,10 +416,15 @@ def _run_plan(plan: SavePlan, before: Callable[[], None] | None) -> Path:
                 _publish_records(plan, [], error=f"copying its state to host memory: {exc}")
             raise
     records = plan.prewritten + _write_all(plan)
-    _publish_records(plan, records)
-    if not plan.is_writer:
-        return plan.final
-    everyone = _collect_records(plan)
+    if plan.collected:  # the main process already has every process's records
+        if not plan.is_writer:
+            return plan.final
+        everyone = records
+    else:
+        _publish_records(plan, records)
+        if not plan.is_writer:
+            return plan.final
+        everyone = _collect_records(plan)
     syncs: list[Future[None]] = []
     if plan.adopt_unlisted:
         adopted, syncs = _adopt_unlisted(plan, everyone)
@@ -437,11 +471,19 @@ class Snapshot:
 
     def job(self, name: str, state: Any, optimizer: Any) -> FileJob:
         """A file whose object is ``state`` as copied by `take`; holds ``optimizer`` until then."""
+        self.defer(name, state, optimizer)
+        return FileJob(name, lambda handle: torch.save(self._copies[name], handle))
+
+    def defer(self, name: str, state: Any, optimizer: Any) -> None:
+        """Copy ``state`` in `take` (then `copied` gives it); hold ``optimizer`` until then."""
         self._states[name] = state
         register = getattr(optimizer, "register_step_pre_hook", None)
         if register is not None:
             self._hooks.append(register(self._hold))
-        return FileJob(name, lambda handle: torch.save(self._copies[name], handle))
+
+    def copied(self, name: str) -> Any:
+        """The copy `take` made of the state deferred as ``name``."""
+        return self._copies[name]
 
     def _hold(self, *_: Any) -> None:
         self._taken.wait()
@@ -466,16 +508,23 @@ class Snapshot:
 class PendingSave:
     """A checkpoint being written on a background thread; `wait` joins it and re-raises."""
 
-    def __init__(self, plan: SavePlan, snapshot: Snapshot | None = None) -> None:
+    def __init__(
+        self,
+        plan: SavePlan,
+        snapshot: Snapshot | None = None,
+        before: Callable[[], None] | None = None,
+    ) -> None:
         self.plan = plan
         self._snapshot = snapshot
+        # what the thread does before writing the plan's files (default: take the snapshot)
+        self._before = before or (snapshot.take if snapshot is not None else None)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="hasten-async-save", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            run_plan(self.plan, self._snapshot.take if self._snapshot is not None else None)
+            run_plan(self.plan, self._before)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread in wait()
             self._error = exc
 

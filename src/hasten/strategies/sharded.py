@@ -196,6 +196,33 @@ class ShardedStrategy(Strategy):
             state_dict = by_name(module, inner, state_dict)
         set_optimizer_state_dict(module, inner, state_dict, options=options)
 
+    def sharded_state_dicts(self, model: nn.Module, optimizer: Any) -> tuple[Any, Any]:
+        """This process's shards of ``model`` and of its one ``optimizer``, in one pass.
+
+        torch's `get_state_dict` walks the model once for both, where separate model and
+        optimizer calls walk it twice (a sharded save_state's only per-checkpoint planning).
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        options = state_dict_options(full=False, cpu_offload=self.full_offload)
+        module, inner = self._module(model), inner_optimizer(optimizer)
+        return get_state_dict(module, inner, options=options)
+
+    def load_sharded_state_dicts(
+        self, model: nn.Module, optimizer: Any, model_state: Any, optimizer_state: Any
+    ) -> None:
+        """Load what `sharded_state_dicts` returned (sharded: no broadcast, so one call is safe)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        options = state_dict_options(full=False, cpu_offload=self.full_offload)
+        set_state_dict(
+            self._module(model),
+            inner_optimizer(optimizer),
+            model_state_dict=model_state,
+            optim_state_dict=optimizer_state,
+            options=options,
+        )
+
     @override
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2.0

@@ -1,0 +1,449 @@
+"""DCP storage for the sharded parts of a checkpoint: one DCP call, one folder per part, no re-reads.
+
+A save_state checkpoint keeps every model and optimizer in its own DCP folder, Accelerate's
+``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/``, each a complete DCP checkpoint that plain
+``dcp.load`` (or Accelerate) reads. Saving them with one DCP call per part would plan and
+synchronise once per part; here one call covers all of them. The state dict handed to DCP is
+``{part: state_dict}``, so every DCP key starts with its part's folder name:
+
+- `PartedWriter` writes each part's items into that part's folder (``__<rank>_0.distcp``, one
+  file per part and process, as DCP names them), hashes every block while the bytes go to the
+  file (no second pass over them), and on the coordinator writes one ``.metadata`` per part,
+  the keys without the part prefix: exactly what a separate DCP save of that part would write.
+- `PartedReader` merges the parts' ``.metadata`` files back into one, so one DCP load fills every
+  model and optimizer. With a manifest it verifies while reading: each file has one verifying
+  process (the one that wrote it, so with unchanged sharding the one that reads it), which maps
+  it, checks its block checksums during DCP's local planning and serves its reads from the
+  mapping. A damaged file fails that planning step, which DCP reports to every process before
+  any tensor is filled: refused everywhere, with nothing loaded into the model.
+
+This module imports ``torch.distributed.checkpoint``; import it only when a sharded part is
+saved or loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import mmap
+import os
+import pickle
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.futures import Future
+
+from hasten.checkpointing import checksum
+from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory
+from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
+
+__all__ = ["METADATA_NAME", "PartedReader", "PartedWriter", "part_of", "read_part_metadata"]
+
+METADATA_NAME = ".metadata"  # DCP's name for a checkpoint's index
+_DCP_VERSION = "1.0.0"  # DCP's CURRENT_DCP_VERSION when the index format was last changed
+
+
+def part_of(fqn: str) -> tuple[str, str]:
+    """``(part, key)`` of a combined DCP key ``"<part>.<key>"``."""
+    part, _, key = fqn.partition(".")
+    return part, key
+
+
+class _HashingStream(io.RawIOBase):
+    """A new file that hashes each block of what is written, as it is written."""
+
+    def __init__(self, handle: Any, name: str, block_bytes: int) -> None:
+        super().__init__()
+        self._handle = handle
+        self._out = EarlyWriteback(handle)
+        self._hasher = checksum.BlockHasher(block_bytes)
+        self.name_in_checkpoint = name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._hasher.update(view)
+        self._out.write(view)
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self._hasher.size
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def fileno(self) -> int:
+        return int(self._handle.fileno())
+
+    def record(self) -> FileRecord:
+        """Size and block digests of everything written."""
+        return FileRecord(self.name_in_checkpoint, self._hasher.size, tuple(self._hasher.digests()))
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system whose new files are hashed while written (see `PartedWriter`)."""
+
+    def __init__(self, root: Path, block_bytes: int) -> None:
+        super().__init__()
+        self.root = root
+        self.block_bytes = block_bytes
+        self.records: list[FileRecord] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        target = Path(path)
+        name = target.relative_to(self.root).as_posix()
+        with open(target, "wb") as handle:
+            stream = _HashingStream(handle, name, self.block_bytes)
+            yield stream
+            handle.flush()
+        with self._lock:
+            self.records.append(stream.record())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Records:
+    """One process's file records, travelling to the coordinator with DCP's write results."""
+
+    records: tuple[FileRecord, ...]
+
+
+class PartedWriter(FileSystemWriter):
+    """Writes a ``{part: state_dict}`` DCP save as one DCP checkpoint per part folder of ``root``.
+
+    Every process's files are hashed while written; `records` lists them relative to ``root``.
+    ``also`` (optional) writes this process's other checkpoint files at the same time, on its
+    own thread, returning their records. The coordinator also learns every process's records
+    through DCP's exchange of write results: `all_records` (with each part's ``.metadata``).
+    The part folders must exist.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        parts: Sequence[str],
+        block_bytes: int | None = None,
+        also: Callable[[], list[FileRecord]] | None = None,
+    ) -> None:
+        super().__init__(root, sync_files=True)
+        self.root = root
+        self.parts = list(parts)
+        self._fs = _HashingFileSystem(root, block_bytes or checksum.BLOCK_BYTES)
+        self.fs = self._fs
+        self._also = also
+        self._also_records: list[FileRecord] = []
+        self.all_records: list[FileRecord] = []
+
+    @property
+    def records(self) -> list[FileRecord]:
+        """What this process wrote: sizes and block digests, names relative to ``root``."""
+        return [*self._fs.records, *self._also_records]
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        # The part folders already exist in a fresh staging folder: no check for an older
+        # checkpoint to overwrite (DCP's), and no process creates folders beside the main one.
+        return plan
+
+    def _part_writer(self, part: str) -> FileSystemWriter:
+        writer = FileSystemWriter(self.root / part, sync_files=self.sync_files)
+        writer.fs = self._fs
+        return writer
+
+    def write_data(self, plan: Any, planner: Any) -> Future[list[Any]]:
+        by_part: dict[str, list[Any]] = {part: [] for part in self.parts}
+        for item in plan.items:
+            part = part_of(item.index.fqn)[0]
+            if part not in by_part:
+                raise ValueError(f"DCP item {item.index.fqn!r} belongs to no part of {self.parts}")
+            by_part[part].append(item)
+
+        def write(part: str) -> list[Any]:
+            sub = dataclasses.replace(plan, items=by_part[part])
+            return list(self._part_writer(part).write_data(sub, planner).value())
+
+        # one file per part and process on the file threads, the other files meanwhile from
+        # here (large writes and fsyncs release the GIL; concurrent fsyncs share the file
+        # system's journal commits)
+        writes = [file_threads().submit(write, part) for part in self.parts]
+        if self._also is not None:
+            self._also_records = list(self._also())
+        results: list[Any] = [r for future in writes for r in future.result()]
+        done: Future[list[Any]] = Future()
+        done.set_result([*results, _Records(tuple(self.records))])
+        return done
+
+    def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
+        """On the coordinator: one ``.metadata`` per part, keys without the part prefix."""
+        gathered = [r for chunk in results for r in chunk if isinstance(r, _Records)]
+        results = [[r for r in chunk if not isinstance(r, _Records)] for chunk in results]
+        parts = {part: _empty_metadata(self.root / part, self.save_id) for part in self.parts}
+        for fqn, item in metadata.state_dict_metadata.items():
+            part, key = part_of(fqn)
+            parts[part].state_dict_metadata[key] = item
+        if isinstance(metadata.planner_data, dict):
+            for fqn, path in metadata.planner_data.items():
+                part, key = part_of(fqn)
+                parts[part].planner_data[key] = tuple(path)[1:]
+        for result in (r for chunk in results for r in chunk):
+            part, key = part_of(result.index.fqn)
+            index = MetadataIndex(key, result.index.offset, result.index.index)
+            parts[part].storage_data[index] = result.storage_data
+        written = list(file_threads().map(self._write_index, parts.items()))
+        self.all_records = [r for g in gathered for r in g.records] + written
+
+    def _write_index(self, item: tuple[str, Metadata]) -> FileRecord:
+        part, part_metadata = item
+        data = pickle.dumps(part_metadata)
+        name = f"{part}/{METADATA_NAME}"
+        with open(self.root / name, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        fsync_directory(self.root / part)  # every process's file names in it are durable
+        digests = checksum.block_digests(data, self._fs.block_bytes)
+        return FileRecord(name, len(data), tuple(digests))
+
+
+def _empty_metadata(folder: Path, save_id: str) -> Metadata:
+    return Metadata(
+        state_dict_metadata={},
+        planner_data={},
+        storage_data={},
+        storage_meta=StorageMeta(checkpoint_id=str(folder), save_id=save_id),
+        version=_DCP_VERSION,
+    )
+
+
+def read_part_metadata(folder: Path, part: str, manifest: dict[str, Any] | None) -> Metadata:
+    """The ``.metadata`` of ``folder/part``, checked against the manifest when there is one.
+
+    Raises:
+        CorruptCheckpointError: the manifest lists no ``.metadata`` for the part, or it is damaged.
+    """
+    name = f"{part}/{METADATA_NAME}"
+    path = folder / name
+    if manifest is not None and name not in manifest["files"]:
+        raise CorruptCheckpointError(
+            f"{folder / part} is not a complete sharded checkpoint part: the manifest lists no "
+            f"{METADATA_NAME} for it. Load an earlier checkpoint."
+        )
+    data = path.read_bytes()
+    if manifest is not None:
+        block = int(manifest.get("block_bytes", checksum.BLOCK_BYTES))
+        if tuple(checksum.block_digests(data, block)) != manifest["files"][name].blocks:
+            raise _damaged(path)
+    return pickle.loads(data)  # noqa: S301 - DCP's own index format (what dcp.load unpickles)
+
+
+def _damaged(path: Path) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{path} is damaged (its checksums differ from the manifest). Load an earlier checkpoint."
+    )
+
+
+def _merged(parts: dict[str, Metadata]) -> Metadata:
+    """One DCP index over every part, keys and file names prefixed by the part's folder."""
+    merged = Metadata(state_dict_metadata={}, planner_data={}, storage_data={})
+    for part, metadata in parts.items():
+        merged.storage_meta = merged.storage_meta or metadata.storage_meta
+        merged.version = merged.version or metadata.version
+        for key, item in metadata.state_dict_metadata.items():
+            merged.state_dict_metadata[f"{part}.{key}"] = item
+        for key, path in (metadata.planner_data or {}).items():
+            merged.planner_data[f"{part}.{key}"] = (part, *tuple(path))
+        for index, info in (metadata.storage_data or {}).items():
+            combined = MetadataIndex(f"{part}.{index.fqn}", index.offset, index.index)
+            where = f"{part}/{info.relative_path}"
+            merged.storage_data[combined] = dataclasses.replace(info, relative_path=where)
+    return merged
+
+
+class _MappedFile(io.RawIOBase):
+    """A read-only file over bytes in memory (a verified memory map), for DCP's readers."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._view.nbytes}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        count = max(0, min(out.nbytes, self._view.nbytes - self._pos))
+        out[:count] = self._view[self._pos : self._pos + count]
+        self._pos += count
+        return count
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self._view.nbytes if size is None or size < 0 else self._pos + size
+        data = bytes(self._view[self._pos : min(end, self._view.nbytes)])
+        self._pos += len(data)
+        return data
+
+
+class _VerifiedFileSystem(FileSystem):
+    """DCP's local file system serving the files this process verified from their mappings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verified: dict[str, memoryview] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+        view = self.verified.get(os.fspath(path)) if mode == "rb" else None
+        if view is None:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        yield _MappedFile(view)
+
+
+_SAVER_RANK = re.compile(r"^__(\d+)_\d+\.distcp$")
+
+
+def _owner(name: str, index: int, world_size: int) -> int:
+    """The process that verifies file ``name`` (``index``: its place among the part files).
+
+    The process that wrote it, when there is one of that number: with unchanged sharding it is
+    the one that reads the file anyway. Decided without any exchange, so verifying happens in
+    DCP's local planning and a failure reaches every process through DCP's planning exchange.
+    """
+    match = _SAVER_RANK.match(name.rsplit("/", 1)[-1])
+    return (int(match.group(1)) if match else index) % world_size
+
+
+class PartedReader(FileSystemReader):
+    """Reads every part folder of ``root`` in one DCP load of a ``{part: state_dict}``.
+
+    With a ``manifest``, every file of the parts is verified by one process (`_owner`): mapped
+    and checked on the file threads from construction on (while DCP plans), then served from
+    the mapping. DCP's local planning step waits for the checks, so a damaged file fails the
+    planning on that process, which DCP reports to every process before any tensor is filled.
+    ``rank`` and ``world_size`` are this process's among the processes loading.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        parts: Sequence[str],
+        manifest: dict[str, Any] | None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__(root)
+        self.root = root
+        self.parts = list(parts)
+        self.manifest = manifest
+        self._fs = _VerifiedFileSystem()
+        self.fs = self._fs
+        self._maps: list[mmap.mmap] = []
+        self._names: list[str] = []
+        self._checks: list[Any] = []
+        self._metadata = _merged({p: read_part_metadata(root, p, manifest) for p in self.parts})
+        if manifest is not None:
+            prefixes = tuple(f"{part}/" for part in self.parts)
+            self._names = sorted(
+                n
+                for n in manifest["files"]
+                if n.startswith(prefixes) and not n.endswith(f"/{METADATA_NAME}")
+            )
+            mine = [n for i, n in enumerate(self._names) if _owner(n, i, world_size) == rank]
+            self._checks = [file_threads().submit(self._check, name) for name in mine]
+
+    @property
+    def metadata(self) -> Metadata:
+        """Every part's index merged, keys prefixed with the part's folder name."""
+        return self._metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        return self._metadata
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        """Wait for the checks of the files this process owns (all of them when alone)."""
+        if self.manifest is None:
+            return plan
+        try:
+            needed = {info.relative_path for info in self.storage_data.values()}
+            unlisted = sorted(needed - set(self._names))
+            if unlisted:
+                raise CorruptCheckpointError(
+                    f"{self.root / unlisted[0]} is read by the checkpoint's index but not "
+                    "listed in its manifest. Load an earlier checkpoint."
+                )
+            checks, self._checks = self._checks, []
+            self._fs.verified.update(check.result() for check in checks)
+        except BaseException:
+            self.close()
+            raise
+        return plan
+
+    def read_data(self, plan: Any, planner: Any) -> Future[None]:
+        try:
+            return super().read_data(plan, planner)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the mappings of the verified files (after reading, or when the load failed)."""
+        for check in self._checks:  # a load that failed before its planning
+            with contextlib.suppress(Exception):
+                check.result()
+        self._checks = []
+        for view in self._fs.verified.values():
+            with contextlib.suppress(BufferError):
+                view.release()
+        self._fs.verified.clear()
+        for mapped in self._maps:
+            with contextlib.suppress(BufferError):  # a view still alive: closed when freed
+                mapped.close()
+        self._maps = []
+
+    def _check(self, name: str) -> tuple[str, memoryview]:
+        """Map ``name`` and compare its block checksums with the manifest's."""
+        assert self.manifest is not None
+        block = int(self.manifest.get("block_bytes", checksum.BLOCK_BYTES))
+        path = self.root / name
+        view, mapped = _map(path)
+        if mapped is not None:
+            self._maps.append(mapped)
+        if tuple(checksum.block_digests(view, block)) != self.manifest["files"][name].blocks:
+            raise _damaged(path)
+        return os.fspath(path), view
+
+
+def _map(path: Path) -> tuple[memoryview, mmap.mmap | None]:
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return memoryview(b""), None
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mapped = mmap.mmap(handle.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+    return memoryview(mapped), mapped
