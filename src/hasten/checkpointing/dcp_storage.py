@@ -12,9 +12,9 @@ synchronise once per part; here one call covers all of them. The state dict hand
   the keys without the part prefix: exactly what a separate DCP save of that part would write.
 - `PartedReader` merges the parts' ``.metadata`` files back into one, so one DCP load fills every
   model and optimizer. With a manifest it verifies while reading: each file has one verifying
-  process (the one that wrote it, so with unchanged sharding the one that reads it), which maps
-  it, checks its block checksums during DCP's local planning and serves its reads from the
-  mapping. A damaged file fails that planning step, which DCP reports to every process before
+  process (the one that wrote it, so with unchanged sharding the one that reads it), which reads
+  it whole (maps it, if large), checks its block checksums while DCP plans and serves DCP's reads
+  from memory. A damaged file fails that planning step, which DCP reports to every process before
   any tensor is filled: refused everywhere, with nothing loaded into the model.
 
 This module imports ``torch.distributed.checkpoint``; import it only when a sharded part is
@@ -322,7 +322,9 @@ class _VerifiedFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        yield _MappedFile(view)
+        # a file read whole is served by BytesIO (shares the bytes, reads in C); a mapped one
+        # by _MappedFile
+        yield io.BytesIO(view.obj) if isinstance(view.obj, bytes) else _MappedFile(view)
 
 
 _SAVER_RANK = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -439,11 +441,16 @@ class PartedReader(FileSystemReader):
         return os.fspath(path), view
 
 
+# Files up to this size are read whole into memory (one copy, then served by C code); larger
+# ones are mapped, so a large shard costs no memory beyond the page cache.
+_READ_WHOLE_BYTES = 64 << 20
+
+
 def _map(path: Path) -> tuple[memoryview, mmap.mmap | None]:
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            return memoryview(b""), None
+        if size <= _READ_WHOLE_BYTES:
+            return memoryview(handle.read()), None
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         mapped = mmap.mmap(handle.fileno(), size, flags=flags, prot=mmap.PROT_READ)
     return memoryview(mapped), mapped

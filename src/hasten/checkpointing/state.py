@@ -21,7 +21,6 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -530,11 +529,6 @@ def load_contents(
             (part, target, _start_part(files, name, target, contents, map_location))
             for part, name, target in _stateful_parts(contents, skip=dcp_optimizers)
         ]
-        # this process's RNG file is parsed meanwhile (DCP waits on collectives and files), on
-        # a fresh thread each load (fork-safe) that ends once the read is done
-        pool = ThreadPoolExecutor(1, "hasten-rng-read")
-        rng = pool.submit(_read_rng, files)
-        pool.shutdown(wait=False)
         if dcp_models or dcp_optimizers:  # one DCP load for every sharded part
             load_sharded_parts(
                 folder,
@@ -562,7 +556,7 @@ def load_contents(
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 _warn_or_raise(part, exc, strict)
-        return {"step": _load_rng(files, rng.result(), strict)}
+        return {"step": _load_rng(files, _read_rng(files), strict)}
 
 
 def _restore(

@@ -147,3 +147,27 @@ def test_a_damaged_or_unlisted_index_is_refused_naming_it(tmp_path: Path) -> Non
     del manifest["files"][f"{PARTS[0]}/.metadata"]
     with pytest.raises(CorruptCheckpointError, match="lists no .metadata"):
         PartedReader(tmp_path, PARTS, manifest)
+
+
+def test_large_files_are_mapped_instead_of_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hasten.checkpointing.dcp_storage as dcp_storage
+
+    writer, state = _save(tmp_path)
+    monkeypatch.setattr(dcp_storage, "_READ_WHOLE_BYTES", 0)  # every shard counts as large
+    mapped: list[str] = []
+    original = dcp_storage._map
+
+    def spy(path: Path) -> Any:
+        view, handle = original(path)
+        if handle is not None:
+            mapped.append(path.name)
+        return view, handle
+
+    monkeypatch.setattr(dcp_storage, "_map", spy)
+    loaded = _load(tmp_path, _manifest(writer.all_records))
+    assert mapped == ["__0_0.distcp", "__0_0.distcp"]  # one per part
+    assert torch.equal(loaded[PARTS[0]]["layer.weight"], state[PARTS[0]]["layer.weight"])
+    want = state[PARTS[1]]["state"]["layer.weight"]["exp_avg"]
+    assert torch.equal(loaded[PARTS[1]]["state"]["layer.weight"]["exp_avg"], want)
