@@ -1,7 +1,9 @@
 """DeepSpeed checkpoints inside hasten's staged, verified folders: exact resume, kill -9, export.
 
-The engine writes its own files (each process its ZeRO partition); hasten lists them in the
-manifest and publishes the folder atomically, and verifies them before the engine reads them.
+The engine's files (each process its ZeRO partition) go through hasten's writer while it saves;
+hasten lists them in the manifest, publishes the folder atomically, and verifies them before the
+engine reads them. Asynchronous saves, saves mid-cycle and a process failing to write are
+covered too.
 """
 
 from __future__ import annotations
