@@ -222,8 +222,8 @@ def scheduler_kwargs(args: SimpleNamespace) -> dict[str, Any]:
     }
 
 
-def gpt_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
-    """Keyword arguments of megatron-core's `GPTModel` (besides config and layer spec)."""
+def _language_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
+    """The keyword arguments megatron-core's GPT and BERT models share."""
     return {
         "vocab_size": args.padded_vocab_size,
         "max_sequence_length": _get(args, "max_position_embeddings", args.seq_length),
@@ -232,8 +232,12 @@ def gpt_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
             args, "untie_embeddings_and_output_weights", False
         ),
         "position_embedding_type": _get(args, "position_embedding_type", "learned_absolute"),
-        "rotary_base": int(_get(args, "rotary_base", 10000)),
     }
+
+
+def gpt_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
+    """Keyword arguments of megatron-core's `GPTModel` (besides config and layer spec)."""
+    return {**_language_model_kwargs(args), "rotary_base": int(_get(args, "rotary_base", 10000))}
 
 
 def bert_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
@@ -252,13 +256,7 @@ def bert_model_kwargs(args: SimpleNamespace) -> dict[str, Any]:
         )
     return {
         "num_tokentypes": int(_get(args, "num_tokentypes", 2)),
-        "vocab_size": args.padded_vocab_size,
-        "max_sequence_length": _get(args, "max_position_embeddings", args.seq_length),
-        "parallel_output": True,
-        "share_embeddings_and_output_weights": not _get(
-            args, "untie_embeddings_and_output_weights", False
-        ),
-        "position_embedding_type": _get(args, "position_embedding_type", "learned_absolute"),
+        **_language_model_kwargs(args),
         "add_binary_head": bool(_get(args, "bert_binary_head", False)),
     }
 
