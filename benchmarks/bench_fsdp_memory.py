@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _models import BlockModel
 from torch import nn
 
 WIDTH = 1024
@@ -60,29 +61,6 @@ CASES = [
     "hasten save_model",
 ]
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
-
-
-class Model(nn.Module):
-    _no_split_modules = ["Block"]
-
-    def __init__(self, depth: int, width: int = WIDTH) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def _rss() -> int:
@@ -120,15 +98,15 @@ def peak_increase(out: dict[str, int]) -> Iterator[None]:
         out["peak"] = high - start
 
 
-def _build(depth: int, real: bool) -> Model:
+def _build(depth: int, real: bool) -> BlockModel:
     torch.manual_seed(0)
     if real:
-        return Model(depth)
+        return BlockModel(WIDTH, depth)
     with torch.device("meta"):
-        return Model(depth)
+        return BlockModel(WIDTH, depth)
 
 
-def _raw_shard(model: Model) -> Model:
+def _raw_shard(model: BlockModel) -> BlockModel:
     from torch.distributed.fsdp import fully_shard
 
     for block in model.layers:
@@ -137,7 +115,7 @@ def _raw_shard(model: Model) -> Model:
     return model
 
 
-def raw_efficient(depth: int) -> Model:
+def raw_efficient(depth: int) -> BlockModel:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model = _build(depth, real=dist.get_rank() == 0)
@@ -163,13 +141,13 @@ def _accelerator(efficient: bool) -> Any:
     return Accelerator(cpu=True, fsdp_plugin=plugin)
 
 
-def hasten_efficient(accelerator: Any, depth: int, all_build: bool) -> Model:
+def hasten_efficient(accelerator: Any, depth: int, all_build: bool) -> BlockModel:
     from hasten import init_empty_weights
 
     torch.manual_seed(0)
     empty = init_empty_weights() if dist.get_rank() != 0 and not all_build else None
     with empty or contextlib.nullcontext():
-        model = Model(depth)
+        model = BlockModel(WIDTH, depth)
     return accelerator.prepare(model)
 
 
@@ -177,7 +155,7 @@ def _warm_up(accelerator: Any) -> None:
     """Run the case's code once on a tiny model: the modules it imports are not counted."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    tiny = Model(2, width=8)
+    tiny = BlockModel(8, 2)
     folder = Path(tempfile.gettempdir()) / f"hasten_bench_fsdp_memory_warm_{os.getppid()}"
     if accelerator is None:
         _raw_shard(tiny)
@@ -199,7 +177,7 @@ def _phase(case: str, depth: int, shard_mb: int, out: dict[str, int]) -> None:
         model = hasten_efficient(accelerator, depth, False) if accelerator else raw_efficient(depth)
         _save(case, accelerator, model, shard_mb, out)
         return
-    run: Callable[[], Model]
+    run: Callable[[], BlockModel]
     if case in ("raw efficient", "raw control"):
         run = lambda: raw_efficient(depth)  # noqa: E731
     elif case == "raw full":
@@ -220,7 +198,9 @@ def _check_sharded(model: nn.Module) -> None:
         raise RuntimeError(f"not sharded: this process holds {local / total:.2f} of the model")
 
 
-def _save(case: str, accelerator: Any, model: Model, shard_mb: int, out: dict[str, int]) -> None:
+def _save(
+    case: str, accelerator: Any, model: BlockModel, shard_mb: int, out: dict[str, int]
+) -> None:
     folder = Path(tempfile.gettempdir()) / f"hasten_bench_fsdp_memory_{os.getppid()}"
     if dist.get_rank() == 0:
         shutil.rmtree(folder, ignore_errors=True)

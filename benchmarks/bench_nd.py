@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
+from _models import BlockModel
 
 BATCH = 8
 LAYOUTS = {
@@ -30,30 +30,6 @@ LAYOUTS = {
     "hsdp 2x2": {"dp_replicate_size": 2, "dp_shard_size": 2},
     "fsdp2 x tp 2x2": {"dp_shard_size": 2, "tp_size": 2},
 }
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
-
-
-class Model(nn.Module):
-    tp_plan = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
-    _no_split_modules = ["Block"]
-
-    def __init__(self, width: int, depth: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def worker(layout: str, steps: int, width: int, depth: int) -> None:
@@ -74,7 +50,7 @@ def worker(layout: str, steps: int, width: int, depth: int) -> None:
             ),
         )
     torch.manual_seed(0)
-    net = Model(width, depth)
+    net = BlockModel(width, depth)
     model, opt = accelerator.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-4))
     g = torch.Generator().manual_seed(accelerator.data_parallel_rank if sizes else 0)
     batches = [(torch.randn(BATCH, width, generator=g),) * 2 for _ in range(steps + 5)]

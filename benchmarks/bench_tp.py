@@ -17,37 +17,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from _harness import relaunch_under_torchrun, report, timed
+from _models import BlockModel
 from torch import nn
 
 BATCH = 16
 
 
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
-
-
-class Model(nn.Module):
-    tp_plan = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
-
-    def __init__(self, width: int, depth: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
-def make_model(width: int, depth: int) -> Model:
+def make_model(width: int, depth: int) -> BlockModel:
     torch.manual_seed(0)
-    return Model(width, depth)
+    return BlockModel(width, depth)
 
 
 def _loop(
