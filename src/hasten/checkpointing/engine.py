@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from hasten.checkpointing import checksum
-from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory
+from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory, fsync_path
 from hasten.checkpointing.manifest import ChecksumWriter, CorruptCheckpointError, FileRecord
 
 __all__ = [
     "EngineCheckpoint",
     "EngineFiles",
     "engine_file_names",
-    "fsync_path",
     "hash_existing",
     "record_existing",
     "subdirectories",
@@ -139,15 +138,6 @@ class EngineFiles:
 
 def _bound(serialize: Serializer, obj: Any) -> Callable[[BinaryIO], None]:
     return lambda handle: serialize(obj, handle)
-
-
-def fsync_path(path: Path) -> None:
-    """Fsync the file at ``path``."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def engine_file_names(folder: Path, skip: tuple[str, ...] = ()) -> list[str]:

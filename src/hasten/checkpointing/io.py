@@ -32,6 +32,7 @@ __all__ = [
     "atomic_write",
     "file_threads",
     "fsync_directory",
+    "fsync_path",
     "is_safetensors_file",
     "load",
     "refuse_unsafe",
@@ -102,13 +103,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def fsync_directory(path: str | os.PathLike[str]) -> None:
-    """Flush a directory entry so a rename inside it survives a power cut."""
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file's data, or a directory's entries, to disk (the file or rename survives a power cut)."""
     fd = os.open(os.fspath(path), os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+fsync_directory = fsync_path  # the name call sites use for folders: a rename inside is kept
 
 
 @functools.cache

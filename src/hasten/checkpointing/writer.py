@@ -30,11 +30,10 @@ from hasten.checkpointing import layout
 from hasten.checkpointing.engine import (
     EngineFiles,
     engine_file_names,
-    fsync_path,
     hash_existing,
     subdirectories,
 )
-from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory
+from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory, fsync_path
 from hasten.checkpointing.manifest import ChecksumWriter, FileRecord, write_manifest
 from hasten.checkpointing.tensors import write_safetensors
 from hasten.core.nested import recursively_apply
@@ -209,14 +208,6 @@ def _write_job(folder: Path, job: FileJob) -> FileRecord:
     return writer.record(job.name)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _publish_records(plan: SavePlan, records: list[FileRecord], error: str | None = None) -> None:
     payload: dict[str, Any] = {
         "host": socket.gethostname(),
@@ -272,7 +263,7 @@ def _write_named(folder: Path, job: FileJob) -> FileRecord:
 
 def _sync_named(folder: Path, record: FileRecord) -> None:
     try:
-        _fsync_file(folder / record.name)
+        fsync_path(folder / record.name)
     except OSError as exc:
         raise _FileFailed(record.name, exc) from exc
 
