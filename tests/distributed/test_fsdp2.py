@@ -194,6 +194,7 @@ def _bad_checkpoints(folder: Path, accelerator: Any, tmp_path: Path) -> None:
     part.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=r"__0_0.distcp is damaged"):
         accelerator.load_state(str(damaged))
+    _crafted_checkpoints(folder, accelerator, tmp_path)
     from hasten.state._shared import reset_state
 
     reset_state()
@@ -205,6 +206,52 @@ def _bad_checkpoints(folder: Path, accelerator: Any, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="model 0.*does not match the model given"):
         other.load_state(str(folder))
     assert prepared is not None
+
+
+class _Payload:
+    """Unpickling this runs a shell command that leaves ``marker`` behind."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def _crafted_checkpoints(folder: Path, accelerator: Any, tmp_path: Path) -> None:
+    """A part index or a bytes entry that would run code is refused by load_state, unrun.
+
+    strict=False skips the manifest, as a crafted manifest would let them through its checks.
+    """
+    import pickle
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    from hasten.checkpointing.io import UnsafeCheckpointError
+    from hasten.checkpointing.sharded_state import sharded_state_dicts
+
+    marker = tmp_path / "ran"
+    crafted = tmp_path / "crafted_index"
+    shutil.copytree(folder, crafted)
+    index = crafted / "optimizer_0" / ".metadata"
+    metadata = pickle.loads(index.read_bytes())  # noqa: S301 - our own fresh save
+    metadata.storage_meta.save_id = _Payload(marker)
+    index.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UnsafeCheckpointError, match=r"optimizer_0/\.metadata.*posix\.system"):
+        accelerator.load_state(str(crafted), strict=False)
+    crafted = tmp_path / "crafted_entry"
+    shutil.copytree(folder, crafted)
+    shutil.rmtree(crafted / "optimizer_0")
+    model, optimizer = accelerator._models[0], accelerator._optimizers[0]
+    part = sharded_state_dicts(accelerator.strategy, [model], [optimizer])["optimizer_0"]
+    part["param_groups"][0]["lr"] = _Payload(marker)
+    dcp.save(part, checkpoint_id=crafted / "optimizer_0", no_dist=True)
+    with pytest.raises(UnsafeCheckpointError, match=r"param_groups\.0\.lr.*could run code"):
+        accelerator.load_state(str(crafted), strict=False)
+    assert not marker.exists()
 
 
 @pytest.mark.timeout(200)

@@ -27,13 +27,14 @@ def _flat(state: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: state.tolist() if isinstance(state, torch.Tensor) else state}
 
 
-def _checks(folder: str) -> dict[str, Any]:
+def _trained(**plugin_options: Any) -> tuple[Any, Any, Any, Any]:
+    """An Accelerator with an FSDP plugin of ``plugin_options``, a prepared model and AdamW
+    trained 2 steps: ``(accelerator, plugin, model, optimizer)``."""
     from hasten import Accelerator
-    from hasten.checkpointing.manifest import CorruptCheckpointError
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=2, auto_wrap_policy="transformer_based_wrap"
+        auto_wrap_policy="transformer_based_wrap", **plugin_options
     )
     accelerator = Accelerator(fsdp_plugin=plugin)
     torch.manual_seed(0)
@@ -41,6 +42,13 @@ def _checks(folder: str) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = accelerator.prepare(model, optimizer)
     train(accelerator, model, optimizer, 2)
+    return accelerator, plugin, model, optimizer
+
+
+def _checks(folder: str) -> dict[str, Any]:
+    from hasten.checkpointing.manifest import CorruptCheckpointError
+
+    accelerator, _, model, optimizer = _trained(fsdp_version=2)
     strategy = accelerator.strategy
     saved = accelerator.get_state_dict(model)
     saved_opt = _flat(strategy.optimizer_state_dict(model, optimizer, full=True))
@@ -111,26 +119,16 @@ def test_async_sharded_save_is_the_state_at_the_call_and_parts_are_plain_dcp(
 
 
 def _local_state_dict(folder: str) -> dict[str, Any]:
-    from hasten import Accelerator
     from hasten.checkpointing.fsdp_utils import (
         load_fsdp_model,
         load_fsdp_optimizer,
         save_fsdp_model,
         save_fsdp_optimizer,
     )
-    from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
-    plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=1,
-        auto_wrap_policy="transformer_based_wrap",
-        state_dict_type="LOCAL_STATE_DICT",
+    accelerator, plugin, model, optimizer = _trained(
+        fsdp_version=1, state_dict_type="LOCAL_STATE_DICT"
     )
-    accelerator = Accelerator(fsdp_plugin=plugin)
-    torch.manual_seed(0)
-    model = TinyTransformer()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    train(accelerator, model, optimizer, 2)
     strategy = accelerator.strategy
     before = accelerator.get_state_dict(model)
     before_opt = _flat(strategy.optimizer_state_dict(model, optimizer, full=True))

@@ -35,13 +35,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.futures import Future
 
 from hasten.checkpointing import checksum
-from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory
+from hasten.checkpointing.dcp_safe import SafeFileSystemReader, load_metadata
+from hasten.checkpointing.io import EarlyWriteback, ViewFile, file_threads, fsync_directory
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 
 __all__ = ["METADATA_NAME", "PartedReader", "PartedWriter", "part_of", "read_part_metadata"]
@@ -233,6 +234,7 @@ def read_part_metadata(folder: Path, part: str, manifest: dict[str, Any] | None)
 
     Raises:
         CorruptCheckpointError: the manifest lists no ``.metadata`` for the part, or it is damaged.
+        UnsafeCheckpointError: it holds objects beyond DCP's index types (see `dcp_safe`).
     """
     name = f"{part}/{METADATA_NAME}"
     path = folder / name
@@ -246,7 +248,7 @@ def read_part_metadata(folder: Path, part: str, manifest: dict[str, Any] | None)
         block = int(manifest.get("block_bytes", checksum.BLOCK_BYTES))
         if tuple(checksum.block_digests(data, block)) != manifest["files"][name].blocks:
             raise _damaged(path)
-    return pickle.loads(data)  # noqa: S301 - DCP's own index format (what dcp.load unpickles)
+    return load_metadata(data, path)
 
 
 def _damaged(path: Path) -> CorruptCheckpointError:
@@ -272,42 +274,6 @@ def _merged(parts: dict[str, Metadata]) -> Metadata:
     return merged
 
 
-class _MappedFile(io.RawIOBase):
-    """A read-only file over bytes in memory (a verified memory map), for DCP's readers."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._view.nbytes}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        count = max(0, min(out.nbytes, self._view.nbytes - self._pos))
-        out[:count] = self._view[self._pos : self._pos + count]
-        self._pos += count
-        return count
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = self._view.nbytes if size is None or size < 0 else self._pos + size
-        data = bytes(self._view[self._pos : min(end, self._view.nbytes)])
-        self._pos += len(data)
-        return data
-
-
 class _VerifiedFileSystem(FileSystem):
     """DCP's local file system serving the files this process verified from their mappings."""
 
@@ -323,8 +289,8 @@ class _VerifiedFileSystem(FileSystem):
                 yield stream
             return
         # a file read whole is served by BytesIO (shares the bytes, reads in C); a mapped one
-        # by _MappedFile
-        yield io.BytesIO(view.obj) if isinstance(view.obj, bytes) else _MappedFile(view)
+        # by ViewFile
+        yield io.BytesIO(view.obj) if isinstance(view.obj, bytes) else ViewFile(view)
 
 
 _SAVER_RANK = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -341,7 +307,7 @@ def _owner(name: str, index: int, world_size: int) -> int:
     return (int(match.group(1)) if match else index) % world_size
 
 
-class PartedReader(FileSystemReader):
+class PartedReader(SafeFileSystemReader):
     """Reads every part folder of ``root`` in one DCP load of a ``{part: state_dict}``.
 
     With a ``manifest``, every file of the parts is verified by one process (`_owner`): mapped

@@ -191,10 +191,17 @@ def _adapter_refused(adapter_only: bool) -> None:
         )
 
 
-def _dcp(call: str, state: dict[str, Any], folder: Path) -> None:
+def _dcp_save(state: dict[str, Any], folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    getattr(dcp, call)(state, checkpoint_id=folder)
+    dcp.save(state, checkpoint_id=folder)
+
+
+def _dcp_load(state: dict[str, Any], folder: Path) -> None:
+    """``dcp.load`` through hasten's safe reader (DCP's own unpickles anything: see dcp_safe)."""
+    from hasten.checkpointing.dcp_safe import safe_load
+
+    safe_load(state, folder)
 
 
 def save_fsdp_model(
@@ -391,7 +398,7 @@ def _save(
 ) -> None:
     """Write ``state_of(full)``: DCP shards from every process, or one torch file from rank 0."""
     if _kind(strategy.plugin, use_dcp, optimizer=True) == "sharded":
-        _dcp("save", state_of(False), sharded_dir)
+        _dcp_save(state_of(False), sharded_dir)
         return
     state = state_of(True)
     if PartialState().is_main_process:
@@ -413,7 +420,7 @@ def _load(
     """
     if _kind(strategy.plugin, use_dcp, optimizer=True) == "sharded":
         state = state_of(False)
-        _dcp("load", state, sharded_dir)
+        _dcp_load(state, sharded_dir)
         apply(state, False)
         return
     apply(torch.load(full_path, map_location="cpu", weights_only=True), True)

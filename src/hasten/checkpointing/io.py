@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import io
 import os
 import pickle
 import sys
@@ -29,6 +30,7 @@ __all__ = [
     "EarlyWriteback",
     "TORCH_SAFE_GLOBALS",  # noqa: F822 - built on first use by the module __getattr__
     "UnsafeCheckpointError",
+    "ViewFile",
     "atomic_write",
     "file_threads",
     "fsync_directory",
@@ -101,6 +103,46 @@ def __getattr__(name: str) -> Any:
     if name == "TORCH_SAFE_GLOBALS":
         return safe_globals()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class ViewFile(io.RawIOBase):
+    """A read-only seekable file over bytes in memory (a buffer or a map), for torch's readers.
+
+    DCP's readers and torch's zip reader take file objects; this one serves them from memory
+    without a copy.
+    """
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        count = max(0, min(out.nbytes, self._view.nbytes - self._pos))
+        out[:count] = self._view[self._pos : self._pos + count]
+        self._pos += count
+        return count
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self._view.nbytes if size is None or size < 0 else self._pos + size
+        data = bytes(self._view[self._pos : min(end, self._view.nbytes)])
+        self._pos += len(data)
+        return data
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:

@@ -38,6 +38,7 @@ def load_merged_state_dict(checkpoint_dir: str | os.PathLike[str]) -> dict[str, 
 
     Raises:
         FileNotFoundError: `checkpoint_dir` is not a complete sharded checkpoint.
+        UnsafeCheckpointError: its ``.metadata`` holds objects that could run code when loaded.
     """
     folder = Path(checkpoint_dir)
     if not is_sharded_checkpoint(folder):
@@ -48,14 +49,16 @@ def load_merged_state_dict(checkpoint_dir: str | os.PathLike[str]) -> dict[str, 
         )
     import torch.distributed.checkpoint as dcp  # deferred: loads the DCP machinery
 
-    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    from hasten.checkpointing.dcp_safe import SafeFileSystemReader, safe_load
+
+    metadata = SafeFileSystemReader(folder).read_metadata()
     state: dict[str, Any] = {}
     for key, item in metadata.state_dict_metadata.items():
         if isinstance(item, dcp.metadata.TensorStorageMetadata):
             state[key] = torch.empty(item.size, dtype=item.properties.dtype)
     with warnings.catch_warnings():  # one process, no group: DCP warns about that
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+        safe_load(state, folder, no_dist=True)
     paths = dict(getattr(metadata, "planner_data", None) or {})
     return _strip_single_root(state, paths)
 

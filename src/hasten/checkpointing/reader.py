@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from hasten.checkpointing.io import load, refuse_unsafe
+from hasten.checkpointing.io import ViewFile, load, refuse_unsafe
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 from hasten.checkpointing.scatter import check_blocks, place_tensors, submit_blocks
 from hasten.checkpointing.tensors import tensors_from_safetensors
@@ -106,35 +106,6 @@ def _block_bytes(manifest: dict[str, Any] | None) -> int:
     return _UNVERIFIED_BLOCK_BYTES if manifest is None else int(manifest["block_bytes"])
 
 
-class _ViewFile(io.RawIOBase):
-    """A read-only seekable file over a memoryview, for torch's zip reader."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view = view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def readinto(self, target: Any) -> int:
-        count = max(0, min(len(target), self._view.nbytes - self._pos))
-        target[:count] = self._view[self._pos : self._pos + count]
-        self._pos += count
-        return count
-
-
 @functools.cache
 def _zero_copy_loader() -> Callable[..., Any] | None:
     """torch's internal loader over an in-memory file when this torch has it, else None.
@@ -155,7 +126,7 @@ def _zero_copy_loader() -> Callable[..., Any] | None:
         return None
 
     def run(buffer: Buffer, map_location: Any) -> Any:
-        zip_reader = reader(_ViewFile(memoryview(buffer)))
+        zip_reader = reader(ViewFile(memoryview(buffer)))
         storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
         return loader(
             zip_reader, map_location, unpickler, overall_storage=storage, encoding="utf-8"

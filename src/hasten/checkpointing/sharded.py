@@ -98,16 +98,11 @@ def load_sharded_state(
             f"No complete sharded checkpoint at {folder} ({SHARDED_METADATA} is missing). Pass "
             "the folder that save_sharded_state returned."
         )
-    import torch.distributed.checkpoint as dcp
+    from hasten.checkpointing.dcp_safe import safe_load
 
     with warnings.catch_warnings():  # DCP warns that one process means no process group
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(
-            state_dict,
-            checkpoint_id=folder,
-            process_group=process_group,
-            no_dist=not _distributed(),
-        )
+        safe_load(state_dict, folder, process_group=process_group, no_dist=not _distributed())
     return state_dict
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hasten.checkpointing.io import UnsafeCheckpointError
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 from hasten.checkpointing.writer import SavePlan, Snapshot, write_jobs
 from hasten.core.nested import recursively_apply
@@ -306,6 +307,8 @@ def _load_error(exc: BaseException, folder: Path, parts: list[str]) -> BaseExcep
     for failure in failures:
         if isinstance(failure, CorruptCheckpointError):
             return CorruptCheckpointError(str(failure))
+        if isinstance(failure, UnsafeCheckpointError):
+            return UnsafeCheckpointError(str(failure))
     text = str(failures[0]).strip()
     reason = text.splitlines()[-1] if text else type(failures[0]).__name__
     part = next((p for p in parts if f"{p}." in text), parts[0])
@@ -327,7 +330,9 @@ def load_sharded_parts(
     Raises:
         CorruptCheckpointError: a part's file is damaged or its ``.metadata`` is not listed.
         ValueError: the checkpoint holds another model (names the part and the first mismatch).
+        UnsafeCheckpointError: an index or entry holds objects that could run code (see `dcp_safe`).
     """
+    from hasten.checkpointing.dcp_safe import SafeLoadPlanner
     from hasten.checkpointing.dcp_storage import PartedReader
 
     state, owners, pairs = _get_states(engine, models, optimizers, prepared)
@@ -342,7 +347,12 @@ def load_sharded_parts(
         try:
             with warnings.catch_warnings():  # DCP warns that one process means no group
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                _load(state, storage_reader=reader, no_dist=not distributed)
+                _load(
+                    state,
+                    storage_reader=reader,
+                    planner=SafeLoadPlanner(),
+                    no_dist=not distributed,
+                )
         except BaseException as exc:  # DCP's CheckpointException wraps every rank's error
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise

@@ -1,0 +1,171 @@
+"""Reading DCP checkpoints without running code from them: a restricted index, safe byte entries.
+
+DCP itself unpickles each ``.metadata`` with plain ``pickle`` and loads non-tensor entries
+("bytes" items: learning rates, step counts, parameter names) with
+``torch.load(weights_only=False)``, so a crafted checkpoint could run code on load. Every DCP
+read in hasten goes through here instead:
+
+- `load_metadata` unpickles an index allowing only what DCP's index is made of (its metadata
+  dataclasses, torch sizes, dtypes, layouts and memory formats, paths, plain containers);
+- `SafeLoadPlanner` loads bytes entries with ``torch.load(weights_only=True)``;
+- `SafeFileSystemReader` is DCP's file-system reader with that index reader, and `safe_load`
+  is ``dcp.load`` with both.
+
+Anything else is refused with `UnsafeCheckpointError` before it is constructed. Import this
+module only when a DCP checkpoint is read (it imports ``torch.distributed.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+from hasten.checkpointing.io import UnsafeCheckpointError, refuse_unsafe
+
+__all__ = [
+    "SafeFileSystemReader",
+    "SafeLoadPlanner",
+    "load_metadata",
+    "safe_load",
+]
+
+_TRUST_HINT = (
+    "If you created or trust this checkpoint, load it with torch.distributed.checkpoint.load "
+    "yourself (which unpickles anything)."
+)
+
+# What a DCP index pickles to (checked on FSDP1/FSDP2 model+AdamW and plain one-process saves)
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": frozenset(
+        {
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        }
+    ),
+    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
+    "torch.serialization": frozenset({"_get_layout"}),  # a layout from its name
+    "torch": frozenset({"Size"}),
+    "pathlib": frozenset({"Path", "PosixPath", "PurePath", "PurePosixPath", "PureWindowsPath"}),
+    "collections": frozenset({"OrderedDict"}),
+    "builtins": frozenset(
+        {"bool", "bytearray", "complex", "dict", "frozenset", "list", "set", "slice", "tuple"}
+    ),
+}
+_TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    """Unpickles a DCP index, refusing every global outside `_METADATA_CLASSES`."""
+
+    source: object = None
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), _TORCH_VALUES):
+            return getattr(torch, name)  # torch.float32, torch.strided, torch.channels_last...
+        raise UnsafeCheckpointError(
+            f"Refused to load {self.source}: the DCP index holds {module}.{name}, which hasten "
+            "does not unpickle (a DCP .metadata holds only DCP's index classes, torch sizes and "
+            f"dtypes, and plain data; other objects could run code when loaded). {_TRUST_HINT}"
+        )
+
+
+def load_metadata(data: bytes, source: object) -> Metadata:
+    """The DCP index pickled in ``data`` (read from ``source``), with nothing but its own types.
+
+    Raises:
+        UnsafeCheckpointError: it holds another type (named), or is not a DCP index.
+    """
+    unpickler = _IndexUnpickler(io.BytesIO(data))
+    unpickler.source = source
+    try:
+        loaded = unpickler.load()
+    except UnsafeCheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure: a damaged index
+        raise UnsafeCheckpointError(
+            f"Refused to load {source}: its DCP index cannot be read ({exc!r})."
+        ) from exc
+    if not isinstance(loaded, dcp_metadata.Metadata):
+        raise UnsafeCheckpointError(
+            f"Refused to load {source}: it holds a {type(loaded).__name__}, not a DCP index."
+        )
+    return loaded
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, loading non-tensor entries with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        fqn = read_item.dest_index.fqn
+        try:
+            with refuse_unsafe(fqn):
+                loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:  # UnsafeCheckpointError included
+            raise UnsafeCheckpointError(
+                f"Refused to load the checkpoint entry {fqn!r}: it holds objects beyond plain "
+                f"data and tensors, which could run code when unpickled. {_TRUST_HINT}"
+            ) from exc
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], loaded)
+        else:
+            self.state_dict[fqn] = loaded
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file-system reader whose index is read by `load_metadata` (once: DCP asks again)."""
+
+    _index: Metadata | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        if rank is None and self._index is not None:
+            return self._index
+        path = self._get_metadata_path(rank)
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = load_metadata(stream.read(), path)
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
+        if rank is None:
+            self._index = metadata
+        return metadata
+
+
+def safe_load(state_dict: dict[str, Any], folder: str | os.PathLike[str], **kwargs: Any) -> None:
+    """``dcp.load`` of ``folder`` into ``state_dict`` through `SafeFileSystemReader`/`SafeLoadPlanner`.
+
+    ``kwargs`` go to ``dcp.load`` (``process_group``, ``no_dist``).
+
+    Raises:
+        UnsafeCheckpointError: the index or an entry holds objects that could run code.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    reader = SafeFileSystemReader(Path(folder))
+    reader.read_metadata()  # here, so a refusal is raised as itself (DCP folds it into a message)
+    try:
+        dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(), **kwargs)
+    except BaseException as exc:  # DCP's CheckpointException wraps every process's error
+        failures = [f[0] for f in getattr(exc, "failures", {}).values()]
+        refused = next((f for f in failures if isinstance(f, UnsafeCheckpointError)), None)
+        if refused is None:
+            raise
+        raise UnsafeCheckpointError(str(refused)) from exc
