@@ -12,10 +12,11 @@ synchronise once per part; here one call covers all of them. The state dict hand
   the keys without the part prefix: exactly what a separate DCP save of that part would write.
 - `PartedReader` merges the parts' ``.metadata`` files back into one, so one DCP load fills every
   model and optimizer. With a manifest it verifies while reading: each file has one verifying
-  process (the one that wrote it, so with unchanged sharding the one that reads it), which reads
-  it whole (maps it, if large), checks its block checksums while DCP plans and serves DCP's reads
-  from memory. A damaged file fails that planning step, which DCP reports to every process before
-  any tensor is filled: refused everywhere, with nothing loaded into the model.
+  process (the one that wrote it, so with unchanged sharding the one that reads it), which maps
+  it, checks its block checksums while DCP plans and serves DCP's reads from the mapping, each
+  item as a BytesIO of its bytes. A damaged file fails that planning step, which DCP reports to
+  every process before any tensor is filled: refused everywhere, with nothing loaded into the
+  model.
 
 This module imports ``torch.distributed.checkpoint``; import it only when a sharded part is
 saved or loaded.
@@ -288,9 +289,7 @@ class _VerifiedFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        # a file read whole is served by BytesIO (shares the bytes, reads in C); a mapped one
-        # by ViewFile
-        yield io.BytesIO(view.obj) if isinstance(view.obj, bytes) else ViewFile(view)
+        yield ViewFile(view)  # each item is then served alone, see PartedReader._slice_file
 
 
 _SAVER_RANK = re.compile(r"^__(\d+)_\d+\.distcp$")
@@ -373,6 +372,16 @@ class PartedReader(SafeFileSystemReader):
             raise
         return plan
 
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        """One item of a verified file as a BytesIO of its bytes (one copy, as a file read).
+
+        DCP's own slice is a Python view over the file stream, whose seek/tell/readinto run
+        thousands of times per load; torch.load reads a BytesIO in C.
+        """
+        if isinstance(file, ViewFile):
+            return io.BytesIO(file.view[sinfo.offset : sinfo.offset + sinfo.length])
+        return super()._slice_file(file, sinfo)
+
     def read_data(self, plan: Any, planner: Any) -> Future[None]:
         try:
             return super().read_data(plan, planner)
@@ -407,16 +416,15 @@ class PartedReader(SafeFileSystemReader):
         return os.fspath(path), view
 
 
-# Files up to this size are read whole into memory (one copy, then served by C code); larger
-# ones are mapped, so a large shard costs no memory beyond the page cache.
-_READ_WHOLE_BYTES = 64 << 20
-
-
 def _map(path: Path) -> tuple[memoryview, mmap.mmap | None]:
+    """``path`` mapped read-only, its pages populated: no copy, DCP's items are copied out once.
+
+    (Reading the file whole would copy it once more; an empty file cannot be mapped.)
+    """
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
-        if size <= _READ_WHOLE_BYTES:
-            return memoryview(handle.read()), None
+        if size == 0:
+            return memoryview(b""), None
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         mapped = mmap.mmap(handle.fileno(), size, flags=flags, prot=mmap.PROT_READ)
     return memoryview(mapped), mapped

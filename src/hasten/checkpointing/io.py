@@ -117,6 +117,11 @@ class ViewFile(io.RawIOBase):
         self._view = view
         self._pos = 0
 
+    @property
+    def view(self) -> memoryview:
+        """The bytes served."""
+        return self._view
+
     def readable(self) -> bool:
         return True
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 import warnings
 from pathlib import Path
@@ -149,13 +150,21 @@ def test_a_damaged_or_unlisted_index_is_refused_naming_it(tmp_path: Path) -> Non
         PartedReader(tmp_path, PARTS, manifest)
 
 
-def test_large_files_are_mapped_instead_of_read_whole(
+def test_shards_are_mapped_and_each_item_served_from_the_mapping(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import hasten.checkpointing.dcp_storage as dcp_storage
 
     writer, state = _save(tmp_path)
-    monkeypatch.setattr(dcp_storage, "_READ_WHOLE_BYTES", 0)  # every shard counts as large
+    served: list[bool] = []
+    slice_file = dcp_storage.PartedReader._slice_file
+
+    def counted(self: Any, file: Any, sinfo: Any) -> Any:
+        out = slice_file(self, file, sinfo)
+        served.append(isinstance(out, io.BytesIO))
+        return out
+
+    monkeypatch.setattr(dcp_storage.PartedReader, "_slice_file", counted)
     mapped: list[str] = []
     original = dcp_storage._map
 
@@ -168,6 +177,15 @@ def test_large_files_are_mapped_instead_of_read_whole(
     monkeypatch.setattr(dcp_storage, "_map", spy)
     loaded = _load(tmp_path, _manifest(writer.all_records))
     assert mapped == ["__0_0.distcp", "__0_0.distcp"]  # one per part
+    assert served and all(served)  # every item from the verified mapping, none from disk
     assert torch.equal(loaded[PARTS[0]]["layer.weight"], state[PARTS[0]]["layer.weight"])
     want = state[PARTS[1]]["state"]["layer.weight"]["exp_avg"]
     assert torch.equal(loaded[PARTS[1]]["state"]["layer.weight"]["exp_avg"], want)
+
+
+def test_an_empty_file_is_served_empty_without_a_mapping(tmp_path: Path) -> None:
+    from hasten.checkpointing.dcp_storage import _map
+
+    (tmp_path / "empty").write_bytes(b"")
+    view, mapped = _map(tmp_path / "empty")
+    assert view.nbytes == 0 and mapped is None
