@@ -29,7 +29,7 @@ import torch
 
 from hasten.checkpointing import layout
 from hasten.checkpointing.engine import EngineCheckpoint, EngineFiles, verify_existing
-from hasten.checkpointing.io import file_threads, load, save
+from hasten.checkpointing.io import load, save
 from hasten.checkpointing.layout import custom_object_file
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
 from hasten.checkpointing.reader import CheckpointReader, PendingRead
@@ -521,8 +521,6 @@ def load_contents(
         # Every file is parsed and queued first, so parsing one overlaps reading the others;
         # each is applied only once all its blocks are read and verified.
         gathered = _shards_parameters(contents)
-        # the RNG file is parsed on a file thread meanwhile (mostly while DCP's exchanges wait)
-        rng = file_threads().submit(_read_rng, files)
         models = [
             None if i in dcp_models else _start_model(files, i, m, strict, fresh=gathered)
             for i, m in enumerate(contents.models)
@@ -558,7 +556,7 @@ def load_contents(
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 _warn_or_raise(part, exc, strict)
-        return {"step": _load_rng(files, rng.result(), strict)}
+        return {"step": _load_rng(files, _read_rng(files), strict)}
 
 
 def _restore(
