@@ -13,8 +13,8 @@ synchronise once per part; here one call covers all of them. The state dict hand
 - `PartedReader` merges the parts' ``.metadata`` files back into one, so one DCP load fills every
   model and optimizer. With a manifest it verifies while reading: each file has one verifying
   process (the one that wrote it, so with unchanged sharding the one that reads it), which maps
-  it, checks its block checksums while DCP plans and serves DCP's reads from the mapping, each
-  item as a BytesIO of its bytes. A damaged file fails that planning step, which DCP reports to
+  it, checks its block checksums while DCP plans and serves DCP's reads from the mapping, small
+  items as a BytesIO of their bytes. A damaged file fails that planning step, which DCP reports to
   every process before any tensor is filled: refused everywhere, with nothing loaded into the
   model.
 
@@ -292,6 +292,7 @@ class _VerifiedFileSystem(FileSystem):
         yield ViewFile(view)  # each item is then served alone, see PartedReader._slice_file
 
 
+_COPY_ITEM_BYTES = 1 << 20  # items under this size are copied out whole (see _slice_file)
 _SAVER_RANK = re.compile(r"^__(\d+)_\d+\.distcp$")
 
 
@@ -373,13 +374,19 @@ class PartedReader(SafeFileSystemReader):
         return plan
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
-        """One item of a verified file as a BytesIO of its bytes (one copy, as a file read).
+        """One item of a file for torch.load: a small one as a BytesIO of its bytes (read by C).
 
         DCP's own slice is a Python view over the file stream, whose seek/tell/readinto run
-        thousands of times per load; torch.load reads a BytesIO in C.
+        dozens of times per item (the zip headers); a copy of a small item costs less. Large
+        items of a verified file are a view of its mapping (no copy); of others, DCP's slice.
         """
+        small = sinfo.length < _COPY_ITEM_BYTES
         if isinstance(file, ViewFile):
-            return io.BytesIO(file.view[sinfo.offset : sinfo.offset + sinfo.length])
+            view = file.view[sinfo.offset : sinfo.offset + sinfo.length]
+            return io.BytesIO(view) if small else ViewFile(view)
+        if small:
+            file.seek(sinfo.offset)
+            return io.BytesIO(file.read(sinfo.length))
         return super()._slice_file(file, sinfo)
 
     def read_data(self, plan: Any, planner: Any) -> Future[None]:

@@ -150,18 +150,21 @@ def test_a_damaged_or_unlisted_index_is_refused_naming_it(tmp_path: Path) -> Non
         PartedReader(tmp_path, PARTS, manifest)
 
 
+@pytest.mark.parametrize("copy_below", [1 << 20, 0])  # small items copied; large ones viewed
 def test_shards_are_mapped_and_each_item_served_from_the_mapping(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copy_below: int
 ) -> None:
     import hasten.checkpointing.dcp_storage as dcp_storage
+    from hasten.checkpointing.io import ViewFile
 
     writer, state = _save(tmp_path)
-    served: list[bool] = []
+    monkeypatch.setattr(dcp_storage, "_COPY_ITEM_BYTES", copy_below)
+    served: list[type] = []
     slice_file = dcp_storage.PartedReader._slice_file
 
     def counted(self: Any, file: Any, sinfo: Any) -> Any:
         out = slice_file(self, file, sinfo)
-        served.append(isinstance(out, io.BytesIO))
+        served.append(type(out))
         return out
 
     monkeypatch.setattr(dcp_storage.PartedReader, "_slice_file", counted)
@@ -175,12 +178,18 @@ def test_shards_are_mapped_and_each_item_served_from_the_mapping(
         return view, handle
 
     monkeypatch.setattr(dcp_storage, "_map", spy)
-    loaded = _load(tmp_path, _manifest(writer.all_records))
-    assert mapped == ["__0_0.distcp", "__0_0.distcp"]  # one per part
-    assert served and all(served)  # every item from the verified mapping, none from disk
-    assert torch.equal(loaded[PARTS[0]]["layer.weight"], state[PARTS[0]]["layer.weight"])
-    want = state[PARTS[1]]["state"]["layer.weight"]["exp_avg"]
-    assert torch.equal(loaded[PARTS[1]]["state"]["layer.weight"]["exp_avg"], want)
+    for manifest in (_manifest(writer.all_records), None):  # verified (mapped), then from disk
+        served.clear()
+        loaded = _load(tmp_path, manifest)
+        assert torch.equal(loaded[PARTS[0]]["layer.weight"], state[PARTS[0]]["layer.weight"])
+        want = state[PARTS[1]]["state"]["layer.weight"]["exp_avg"]
+        assert torch.equal(loaded[PARTS[1]]["state"]["layer.weight"]["exp_avg"], want)
+        assert loaded[PARTS[1]]["param_groups"][0]["betas"] == (0.9, 0.99)
+        if manifest is not None:
+            assert set(served) == {io.BytesIO if copy_below else ViewFile}
+        else:
+            assert (io.BytesIO in set(served)) == bool(copy_below)
+    assert mapped == ["__0_0.distcp", "__0_0.distcp"]  # one per part, only when verifying
 
 
 def test_an_empty_file_is_served_empty_without_a_mapping(tmp_path: Path) -> None:
