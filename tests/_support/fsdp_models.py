@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Block", "TinyTransformer", "batches", "train"]
+__all__ = ["Block", "TinyTransformer", "batches", "prepared_and_trained", "train"]
 
 
 class Block(nn.Module):
@@ -75,3 +75,13 @@ def train(
             optimizer.zero_grad()
         losses.append(float(loss.detach()))
     return losses
+
+
+def prepared_and_trained(accelerator: Any, steps: int) -> tuple[Any, Any]:
+    """A seeded TinyTransformer and its AdamW, prepared by ``accelerator`` and trained ``steps``."""
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    train(accelerator, model, optimizer, steps)
+    return model, optimizer

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from _support.distributed import run_distributed
-from _support.fsdp_models import TinyTransformer, train
+from _support.fsdp_models import TinyTransformer, prepared_and_trained, train
 
 pytestmark = pytest.mark.distributed
 
@@ -421,11 +421,7 @@ def test_one_process_checkpoint_resumes_on_two_fsdp2_processes(tmp_path: Path) -
     from hasten import Accelerator
 
     accelerator = Accelerator(cpu=True)
-    torch.manual_seed(0)
-    model = TinyTransformer()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    train(accelerator, model, optimizer, 3)
+    model, _ = prepared_and_trained(accelerator, 3)
     accelerator.save_state(str(tmp_path / "one"))
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     results = run_distributed(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _support.distributed import run_distributed
-from _support.fsdp_models import TinyTransformer, train
+from _support.fsdp_models import prepared_and_trained, train
 
 pytestmark = pytest.mark.distributed
 
@@ -37,11 +37,7 @@ def _trained(**plugin_options: Any) -> tuple[Any, Any, Any, Any]:
         auto_wrap_policy="transformer_based_wrap", **plugin_options
     )
     accelerator = Accelerator(fsdp_plugin=plugin)
-    torch.manual_seed(0)
-    model = TinyTransformer()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    train(accelerator, model, optimizer, 2)
+    model, optimizer = prepared_and_trained(accelerator, 2)
     return accelerator, plugin, model, optimizer
 
 
