@@ -325,6 +325,37 @@ def load(f: str | os.PathLike[str] | BinaryIO, map_location: Any = None, **kwarg
         return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
 
 
+class _SharedAllowance:
+    """One ``torch.serialization.safe_globals`` context shared by every load in flight.
+
+    torch keeps the allow-list process-wide and each context restores it on exit, so two
+    threads' overlapping contexts would end the allowance while the other still parses (its
+    numpy RNG types then refused). Loads here count in and out: the first opens, the last closes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._context: Any = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._context = torch.serialization.safe_globals(safe_globals())
+                self._context.__enter__()
+            self._users += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                context, self._context = self._context, None
+                context.__exit__(None, None, None)
+
+
+_SHARED_ALLOWANCE = _SharedAllowance()
+
+
 @contextlib.contextmanager
 def refuse_unsafe(source: object) -> Iterator[None]:
     """Run a ``weights_only`` unpickling with the numpy RNG types allowed; refuse anything more.
@@ -333,7 +364,7 @@ def refuse_unsafe(source: object) -> Iterator[None]:
         UnsafeCheckpointError: the pickle needs other types; the message says how to opt in.
     """
     try:
-        with torch.serialization.safe_globals(safe_globals()):
+        with _SHARED_ALLOWANCE:
             yield
     except pickle.UnpicklingError as exc:
         detail = str(exc).strip().splitlines()[-1][:300]

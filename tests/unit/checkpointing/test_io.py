@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +64,22 @@ def test_rng_states_load_with_weights_only(tmp_path: Path) -> None:
     np.random.set_state(loaded["numpy_random_seed"])
     random.setstate(loaded["random_state"])
     assert np.array_equal(loaded["numpy_random_seed"][1], states["numpy_random_seed"][1])
+
+
+def test_rng_states_load_on_several_threads_at_once(tmp_path: Path) -> None:
+    # torch's allow-list is process-wide: one thread's load ending must not end another's.
+    save({"numpy_random_seed": np.random.get_state()}, tmp_path / "rng.pkl")
+    blob = (tmp_path / "rng.pkl").read_bytes()
+    start = threading.Barrier(4)
+
+    def load_many(_: int) -> int:
+        start.wait()
+        for _ in range(150):
+            load(io.BytesIO(blob))
+        return 150
+
+    with ThreadPoolExecutor(4) as pool:
+        assert sum(pool.map(load_many, range(4))) == 600
 
 
 def test_malicious_pickle_is_refused_and_runs_nothing(
