@@ -17,10 +17,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["relaunch_under_torchrun", "report", "timed"]
+__all__ = ["record_snapshot_holds", "relaunch_under_torchrun", "report", "timed"]
 
 
 def relaunch_under_torchrun(script: str, nproc: int = 2, timeout: float = 900) -> None:
@@ -67,3 +68,26 @@ def report(
             f"(ratio {med[name] / med[base]:.3f})"
             f"   best {best[name] * unit:9.1f} {label} (ratio {best[name] / best[base]:.3f})"
         )
+
+
+def record_snapshot_holds() -> tuple[list[float], Callable[[], None]]:
+    """Time every wait of a step for an async save's state copy (hasten's ``Snapshot._hold``).
+
+    Returns:
+        The list each wait's seconds are appended to, and a function that undoes the patch.
+    """
+    from hasten.checkpointing import writer
+
+    held: list[float] = []
+    hold = writer.Snapshot._hold
+
+    def timed_hold(self: Any, *args: Any) -> None:
+        start = time.perf_counter()
+        hold(self, *args)
+        held.append(time.perf_counter() - start)
+
+    def restore() -> None:
+        writer.Snapshot._hold = hold  # type: ignore[method-assign]
+
+    writer.Snapshot._hold = timed_hold  # type: ignore[method-assign]
+    return held, restore

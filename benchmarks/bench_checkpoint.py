@@ -191,18 +191,11 @@ def _async_child(mb: int, folder: str, rounds: int) -> None:
     slower while the writer thread shares the cores; that is reported apart. The first round
     allocates the host buffers and is left out.
     """
+    from _harness import record_snapshot_holds
+
     from hasten import Accelerator
-    from hasten.checkpointing import writer
 
-    held: list[float] = []
-    hold = writer.Snapshot._hold
-
-    def timed_hold(self: Any, *args: Any) -> None:
-        start = time.perf_counter()
-        hold(self, *args)
-        held.append(time.perf_counter() - start)
-
-    writer.Snapshot._hold = timed_hold  # type: ignore[method-assign]
+    held, _ = record_snapshot_holds()
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(*_build(mb))
     batch = torch.randn(8, LAYER)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _harness import relaunch_under_torchrun, report, timed
+from _harness import record_snapshot_holds, relaunch_under_torchrun, report, timed
 from _models import BlockModel
 
 BATCH = 16
@@ -132,17 +132,7 @@ def _async_blocking(
     save is timed too (a background write shares the cores). Round 0 makes the writer's
     process group and host buffers and is left out.
     """
-    from hasten.checkpointing import writer
-
-    held: list[float] = []
-    hold = writer.Snapshot._hold
-
-    def timed_hold(self: Any, *args: Any) -> None:
-        start = time.perf_counter()
-        hold(self, *args)
-        held.append(time.perf_counter() - start)
-
-    writer.Snapshot._hold = timed_hold  # type: ignore[method-assign]
+    held, restore = record_snapshot_holds()
     times: dict[str, list[float]] = {
         "sync save_state": [], "async blocks": [], "async call": [], "held in step": [],
         "step after sync": [], "step after async": [],
@@ -168,7 +158,7 @@ def _async_blocking(
             times[f"step after {kind}"].append(
                 stepped - called - (sum(held) if kind == "async" else 0)
             )
-    writer.Snapshot._hold = hold  # type: ignore[method-assign]
+    restore()
     report("async sharded save: time the training loop is blocked", times, "sync save_state")
 
 
