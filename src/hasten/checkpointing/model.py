@@ -1,6 +1,8 @@
 """save_model: a model's weights as one file or size-capped shards plus an index, atomically.
 
-Tied weights are written once (safetensors refuses shared storage; a pickle keeps the sharing).
+Tied weights are written once (safetensors refuses shared storage; a pickle keeps the sharing);
+sharded engines mark a tie by one object under several names, as the gathered full tensors no
+longer share memory.
 Shards are serialized one at a time, so the extra memory is at most one shard. Sharded models
 (FSDP2) are planned from the tensors as held, whose shapes are the full ones, and gathered one
 shard at a time (``gather``): the main process never holds more than one shard of full tensors.
@@ -9,6 +11,7 @@ shard at a time (``gather``): the main process never holds more than one shard o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -30,6 +33,8 @@ from hasten.core.constants import (
 from hasten.core.units import convert_file_size_to_int
 
 __all__ = ["plan_shards", "save_model_weights", "saves_model_in_mesh"]
+
+logger = logging.getLogger(__name__)
 
 
 def saves_model_in_mesh(config: ParallelismConfig, rank: int) -> bool:
@@ -84,15 +89,25 @@ def _write_shard(path: Path, tensors: dict[str, torch.Tensor], safe: bool) -> No
             torch.save(tensors, cast(BinaryIO, handle))  # torch.save needs only ``write``
 
 
-def _dedupe(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` less the tied names; DTensors are never merged (each is gathered anew)."""
+def _tied_names(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The names to drop for safetensors: each repeat of one object (how sharded engines mark a
+    tie), then each later name of one storage among plain tensors. DTensors and meta stand-ins
+    are matched by identity only: their local memory says nothing about the full tensors.
+    """
     module = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists
     dtensor = getattr(module, "DTensor", None)
-    plain = {k: v for k, v in tensors.items() if dtensor is None or not isinstance(v, dtensor)}
-    if len(plain) == len(tensors):
-        return dedupe_shared_tensors(tensors)[0]
+    seen: set[int] = set()
+    repeats: list[str] = []
+    plain: dict[str, torch.Tensor] = {}
+    for name, value in tensors.items():
+        if id(value) in seen:
+            repeats.append(name)
+            continue
+        seen.add(id(value))
+        if dtensor is None or not isinstance(value, dtensor):
+            plain[name] = value
     _, aliases = dedupe_shared_tensors(plain)
-    return {k: v for k, v in tensors.items() if k not in aliases}
+    return [name for name in tensors if name in aliases or name in repeats]
 
 
 def save_model_weights(
@@ -121,9 +136,18 @@ def save_model_weights(
     max_bytes = convert_file_size_to_int(max_shard_size)
     if write:
         folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach() for k, v in state_dict.items()}
+    tensors = dict(state_dict)
     if safe_serialization:
-        tensors = _dedupe(tensors)
+        removed = _tied_names(tensors)
+        for name in removed:
+            del tensors[name]
+        if removed and write:
+            logger.warning(
+                "Removed shared tensor %s while saving. This should be OK, but check by "
+                "verifying that you don't receive any warning while reloading",
+                set(removed),
+            )
+    tensors = {k: v.detach() for k, v in tensors.items()}
     weights_name = SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
     index_name = SAFE_WEIGHTS_INDEX_NAME if safe_serialization else WEIGHTS_INDEX_NAME
     shards = plan_shards(tensors, max_bytes)

@@ -21,7 +21,7 @@ from typing_extensions import override
 from hasten.precision import Precision, select_precision
 from hasten.strategies.base import ModulePreparer
 from hasten.strategies.fsdp2 import ignored_modules
-from hasten.strategies.sharded import ShardedStrategy
+from hasten.strategies.sharded import ShardedStrategy, tied_parameter_names
 
 __all__ = ["FSDP1Strategy"]
 
@@ -107,12 +107,15 @@ class FSDP1Strategy(ShardedStrategy):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         self.check_usable()
+        ties = tied_parameter_names(module)
         precision.wrap_forward(module)
         wrapped: nn.Module = FullyShardedDataParallel(module, **self._wrap_kwargs(module))
         self._prepared_roots.append(wrapped)
         if self.plugin.activation_checkpointing:
             _checkpoint_blocks(self.plugin, wrapped, module)
-        return compile_fn(wrapped)
+        prepared = compile_fn(wrapped)
+        self._record_ties(prepared, ties)
+        return prepared
 
     @override
     def setup(

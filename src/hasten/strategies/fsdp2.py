@@ -24,7 +24,7 @@ from torch import nn
 from typing_extensions import override
 
 from hasten.precision import Precision
-from hasten.strategies.sharded import ShardedStrategy, state_dict_options
+from hasten.strategies.sharded import ShardedStrategy, state_dict_options, tied_parameter_names
 from hasten.strategies.unwrap import is_compiled_module
 
 __all__ = [
@@ -198,6 +198,7 @@ class FSDP2Strategy(ShardedStrategy):
         compile_fn: Callable[[nn.Module], nn.Module],
     ) -> nn.Module:
         self.check_usable()
+        ties = tied_parameter_names(module)
         efficient = bool(self.plugin.cpu_ram_efficient_loading)
         if not efficient:
             _refuse_meta(module)
@@ -215,6 +216,7 @@ class FSDP2Strategy(ShardedStrategy):
         self.shard(inner)
         if full_state is not None:
             self._broadcast_weights(inner, full_state, buffers, device or self.device)
+        self._record_ties(prepared, ties)
         return prepared
 
     def shard(self, module: nn.Module) -> nn.Module:

@@ -10,6 +10,7 @@ non-zero ranks deadlocks on gloo).
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,14 @@ from typing_extensions import override
 from hasten.strategies.base import Strategy
 from hasten.strategies.rebind import canonical_name
 
-__all__ = ["ShardedStrategy", "by_name", "gather_to_main", "inner_optimizer", "state_dict_options"]
+__all__ = [
+    "ShardedStrategy",
+    "by_name",
+    "gather_to_main",
+    "inner_optimizer",
+    "state_dict_options",
+    "tied_parameter_names",
+]
 
 
 def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -61,20 +69,41 @@ def _stand_in(value: Any) -> Any:
     return value
 
 
+def tied_parameter_names(module: nn.Module) -> list[list[str]]:
+    """Groups of (canonical) names under which one Parameter object is registered in ``module``.
+
+    Read from the user's module before an engine wraps it: the gathered full tensors of tied
+    parameters no longer share memory, and FSDP1's flat parameters hide the tie altogether.
+    Names are in ``named_parameters`` order, which is the state dict's order.
+    """
+    groups: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(canonical_name(name))
+    return [names for names in groups.values() if len(names) > 1]
+
+
 def gather_to_main(part: dict[str, Any]) -> dict[str, Any]:
     """Full CPU copies of ``part``'s entries on rank 0 (``{}`` elsewhere), one tensor at a time.
 
     What ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` gives for these
     entries (each DTensor all-gathered over its mesh, FSDP1's ShardedTensors gathered to rank 0,
     plain values as they are), but only for the entries asked for, so a caller can write and
-    drop them before gathering the next part. Every process calls it with the same keys.
+    drop them before gathering the next part. Every process calls it with the same keys. One
+    object under several names (a tied weight) is gathered once; the names get views of it.
     """
     from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torch.distributed.tensor import DTensor
 
     main = dist.get_rank() == 0
     out: dict[str, Any] = {}
+    done: dict[int, Any] = {}
     for name, value in part.items():
+        if id(value) in done:
+            if main:
+                first = done[id(value)]
+                out[name] = first.detach() if isinstance(first, torch.Tensor) else first
+            continue
+        key = id(value)
         if isinstance(value, DTensor):
             if value.device.type != value.device_mesh.device_type:  # CPU-offloaded shards
                 value = value.to(value.device_mesh.device_type)
@@ -84,7 +113,9 @@ def gather_to_main(part: dict[str, Any]) -> dict[str, Any]:
                 warnings.filterwarnings("ignore", "Please use DTensor", FutureWarning)
                 value = _full_sharded_tensor(value, main)
         if main:
-            out[name] = value.to("cpu") if isinstance(value, torch.Tensor) else value
+            out[name] = done[key] = value.to("cpu") if isinstance(value, torch.Tensor) else value
+        else:
+            done[key] = None
     return out
 
 
@@ -134,6 +165,15 @@ class ShardedStrategy(Strategy):
         self.device = device
         name = getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type))
         self.checkpoint_layout = "sharded" if name == "SHARDED_STATE_DICT" else "replicated"
+        # Tied parameter names of each prepared model (keyed by what `_module` returns).
+        self._ties: weakref.WeakKeyDictionary[nn.Module, list[list[str]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _record_ties(self, prepared: nn.Module, ties: list[list[str]]) -> None:
+        """Remember ``ties`` (`tied_parameter_names` of the model before wrapping) for saving."""
+        if ties:
+            self._ties[self._module(prepared)] = ties
 
     def _module(self, model: nn.Module) -> nn.Module:
         return self.unwrap(model, keep_torch_compile=False)
@@ -151,11 +191,20 @@ class ShardedStrategy(Strategy):
     ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+        module = self._module(model)
         options = state_dict_options(full=False, cpu_offload=False)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Please use DTensor", FutureWarning)
-            held = get_model_state_dict(self._module(model), options=options)
-        return {k: _stand_in(v) for k, v in held.items()}, lambda part: gather_to_main(
+            held = get_model_state_dict(module, options=options)
+        for group in self._ties.get(module, ()):  # one object per tie: saved once, like unsharded
+            present = [name for name in group if name in held]
+            for alias in present[1:]:
+                held[alias] = held[present[0]]
+        stand_ins: dict[int, Any] = {}
+        for value in held.values():
+            if id(value) not in stand_ins:
+                stand_ins[id(value)] = _stand_in(value)
+        return {k: stand_ins[id(v)] for k, v in held.items()}, lambda part: gather_to_main(
             {k: held[k] for k in part}
         )
 

@@ -87,3 +87,41 @@ def test_gathered_saves_gather_one_shard_at_a_time_and_write_the_same_files(
     # a process that only takes part in the gathers writes nothing but knows the names
     assert save_model_weights(state, tmp_path / "other", "5KB", gather=gather, write=False) == plain
     assert not (tmp_path / "other").exists()
+
+
+def test_tied_names_removed_are_logged_like_accelerate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="hasten.checkpointing.model"):
+        save_model_weights(_state(), tmp_path / "safe")
+        save_model_weights(_state(), tmp_path / "bin", safe_serialization=False)  # keeps both
+    removed = [r.getMessage() for r in caplog.records if "Removed shared tensor" in r.getMessage()]
+    assert removed == [
+        "Removed shared tensor {'head.weight'} while saving. This should be OK, but check by "
+        "verifying that you don't receive any warning while reloading"
+    ]
+
+
+def test_one_stand_in_under_two_names_is_a_tie_other_stand_ins_are_not(tmp_path: Path) -> None:
+    # Sharded engines hand out meta stand-ins (no storage to compare): only identity marks a tie.
+    full = _state()
+    shared = torch.empty(100, 10, device="meta")
+    held = {
+        "emb.weight": shared,
+        "a.weight": torch.empty(50, 10, device="meta"),
+        "b.weight": torch.empty(50, 10, device="meta"),
+        "head.weight": shared,
+    }
+    calls: list[list[str]] = []
+
+    def gather(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        calls.append(list(part))
+        return {k: full[k].detach().clone() for k in part}
+
+    save_model_weights(held, tmp_path / "gathered", max_shard_size="5KB", gather=gather)
+    save_model_weights(full, tmp_path / "plain", max_shard_size="5KB")
+    assert calls == [["emb.weight"], ["a.weight", "b.weight"]]
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        assert (tmp_path / "gathered" / name).read_bytes() == (
+            tmp_path / "plain" / name
+        ).read_bytes()
