@@ -11,7 +11,10 @@ read in hasten goes through here instead:
   tensors -- ``weights_only=True``'s guarantee, through the C unpickler, so faster than DCP's
   own ``weights_only=False`` load rather than slower;
 - `SafeFileSystemReader` is DCP's file-system reader with that index reader, and `safe_load`
-  is ``dcp.load`` with both.
+  is ``dcp.load`` with both;
+- `load_tensor_item` decodes a tensor entry held in memory (a mapped file) without copying its
+  data, through the same restricted C unpickler; what it does not recognise goes to
+  ``torch.load(weights_only=True)``, DCP's own decoder for tensor entries.
 
 Anything else is refused with `UnsafeCheckpointError` before it is constructed. Import this
 module only when a DCP checkpoint is read (it imports ``torch.distributed.checkpoint``).
@@ -31,12 +34,13 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from hasten.checkpointing.io import UnsafeCheckpointError
+from hasten.checkpointing.io import UnsafeCheckpointError, in_place_loader
 
 __all__ = [
     "SafeFileSystemReader",
     "SafeLoadPlanner",
     "load_metadata",
+    "load_tensor_item",
     "safe_load",
 ]
 
@@ -154,6 +158,25 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[fqn], loaded)
         else:
             self.state_dict[fqn] = loaded
+
+
+def load_tensor_item(view: memoryview, storage: torch.UntypedStorage) -> torch.Tensor:
+    """The tensor of a DCP tensor entry (a ``torch.save`` archive) held in ``view``.
+
+    ``storage`` is the same bytes as a torch storage (a slice of a mapped file's): the tensor is
+    a view of it, so its data is copied once, into the state dict, not twice as DCP's reader
+    does. An archive in another byte order or holding more than a plain tensor is decoded by
+    ``torch.load(weights_only=True)`` from a copy, as DCP decodes every tensor entry.
+    """
+    load = in_place_loader()
+    if load is not None:
+        try:
+            tensor = load(view, storage, "cpu", _ENTRY_PICKLE)  # None: another byte order
+        except pickle.UnpicklingError:
+            tensor = None  # not a plain tensor: torch's weights_only decoder decides
+        if isinstance(tensor, torch.Tensor):
+            return tensor
+    return torch.load(io.BytesIO(view), map_location="cpu", weights_only=True)
 
 
 class SafeFileSystemReader(FileSystemReader):

@@ -13,10 +13,11 @@ synchronise once per part; here one call covers all of them. The state dict hand
 - `PartedReader` merges the parts' ``.metadata`` files back into one, so one DCP load fills every
   model and optimizer. With a manifest it verifies while reading: each file has one verifying
   process (the one that wrote it, so with unchanged sharding the one that reads it), which maps
-  it, checks its block checksums while DCP plans and serves DCP's reads from the mapping, small
-  items as a BytesIO of their bytes. A damaged file fails that planning step, which DCP reports to
-  every process before any tensor is filled: refused everywhere, with nothing loaded into the
-  model.
+  it and checks its block checksums while DCP plans, then decodes its items from the mapping:
+  each tensor is a view of the mapped bytes, so its data is copied once, into the state dict
+  (DCP's reader copies it twice: out of the file, then into place). A damaged file fails that
+  planning step, which DCP reports to every process before any tensor is filled: refused
+  everywhere, with nothing loaded into the model.
 
 This module imports ``torch.distributed.checkpoint``; import it only when a sharded part is
 saved or loaded.
@@ -32,17 +33,21 @@ import os
 import pickle
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
 from hasten.checkpointing import checksum
-from hasten.checkpointing.dcp_safe import SafeFileSystemReader, load_metadata
+from hasten.checkpointing.dcp_safe import SafeFileSystemReader, load_metadata, load_tensor_item
 from hasten.checkpointing.io import EarlyWriteback, ViewFile, file_threads, fsync_directory
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 
@@ -374,11 +379,11 @@ class PartedReader(SafeFileSystemReader):
         return plan
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
-        """One item of a file for torch.load: a small one as a BytesIO of its bytes (read by C).
+        """One item of a file DCP reads: a small one as a BytesIO of its bytes (read by C).
 
         DCP's own slice is a Python view over the file stream, whose seek/tell/readinto run
-        dozens of times per item (the zip headers); a copy of a small item costs less. Large
-        items of a verified file are a view of its mapping (no copy); of others, DCP's slice.
+        dozens of times per item (the zip headers); a copy of a small item costs less. (Items
+        of verified files are decoded from their mappings instead, see `_read_mapped`.)
         """
         small = sinfo.length < _COPY_ITEM_BYTES
         if isinstance(file, ViewFile):
@@ -390,10 +395,48 @@ class PartedReader(SafeFileSystemReader):
         return super()._slice_file(file, sinfo)
 
     def read_data(self, plan: Any, planner: Any) -> Future[None]:
+        """Fill the plan's items: from the verified mappings here, the others by DCP's reader."""
         try:
-            return super().read_data(plan, planner)
+            by_file: dict[str, list[Any]] = {}
+            rest = []
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                path = os.fspath(self.root / info.relative_path)
+                if path in self._fs.verified and not info.transform_descriptors:
+                    by_file.setdefault(path, []).append(item)
+                else:
+                    rest.append(item)
+            for path, items in by_file.items():
+                self._read_mapped(self._fs.verified[path], items, planner)
+            if rest or not by_file:
+                return super().read_data(dataclasses.replace(plan, items=rest), planner)
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
         finally:
             self.close()
+
+    def _read_mapped(self, view: memoryview, items: list[Any], planner: Any) -> None:
+        """Load ``items`` of one mapped file in file order, each tensor's data copied just once."""
+        with warnings.catch_warnings():  # the mapping is read-only; only ever copied from
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+        infos = [self.storage_data[item.storage_index] for item in items]
+        for info, item in sorted(zip(infos, items), key=lambda pair: pair[0].offset):
+            start, end = info.offset, info.offset + info.length
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(view[start:end]))
+                continue
+            tensor = load_tensor_item(view[start:end], storage[start:end])
+            tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != tensor.size():
+                raise ValueError(
+                    f"{item.storage_index.fqn} is {tuple(tensor.size())} in the checkpoint, "
+                    f"{tuple(target.size())} here"
+                )
+            target.copy_(tensor)
+            planner.commit_tensor(item, target)
 
     def close(self) -> None:
         """Drop the mappings of the verified files (after reading, or when the load failed)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import inspect
 import io
 import os
 import pickle
@@ -35,6 +36,7 @@ __all__ = [
     "file_threads",
     "fsync_directory",
     "fsync_path",
+    "in_place_loader",
     "is_safetensors_file",
     "load",
     "refuse_unsafe",
@@ -148,6 +150,43 @@ class ViewFile(io.RawIOBase):
         data = bytes(self._view[self._pos : min(end, self._view.nbytes)])
         self._pos += len(data)
         return data
+
+
+_SMALL_ARCHIVE_BYTES = 1 << 20  # a smaller archive's index is parsed from a copy (C reads)
+_NATIVE_ORDER = sys.byteorder.encode()
+
+
+@functools.cache
+def in_place_loader() -> Callable[[memoryview, torch.UntypedStorage, Any, Any], Any] | None:
+    """A decoder of a ``torch.save`` archive in memory whose CPU tensors view its bytes, or None.
+
+    ``run(view, storage, map_location, pickle_module)``: ``storage`` holds the same bytes as
+    ``view``. It returns None for an archive in another byte order (torch would swap the bytes
+    in place; they may be a read-only mapping): decode a copy of those. It is
+    ``torch.serialization._load`` with ``overall_storage`` (what ``torch.load(mmap=True)`` uses,
+    since torch 2.1): private, so checked once, not trusted.
+    """
+    loader = getattr(torch.serialization, "_load", None)
+    reader = getattr(torch._C, "PyTorchFileReader", None)
+    if loader is None or reader is None:
+        return None
+    try:
+        if "overall_storage" not in inspect.signature(loader).parameters:
+            return None
+    except (TypeError, ValueError):
+        return None
+
+    def run(
+        view: memoryview, storage: torch.UntypedStorage, map_location: Any, pickler: Any
+    ) -> Any:
+        # the zip index is read through many small reads: a C BytesIO copy beats Python callbacks
+        source = io.BytesIO(view) if view.nbytes < _SMALL_ARCHIVE_BYTES else ViewFile(view)
+        archive = reader(source)
+        if archive.has_record("byteorder") and archive.get_record("byteorder") != _NATIVE_ORDER:
+            return None
+        return loader(archive, map_location, pickler, overall_storage=storage, encoding="utf-8")
+
+    return run
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:

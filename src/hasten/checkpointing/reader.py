@@ -11,7 +11,6 @@ through `unpickle_buffer`): no second copy.
 from __future__ import annotations
 
 import functools
-import inspect
 import io
 import mmap
 import os
@@ -23,7 +22,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from hasten.checkpointing.io import ViewFile, load, refuse_unsafe
+from hasten.checkpointing.io import in_place_loader, load, refuse_unsafe
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 from hasten.checkpointing.scatter import check_blocks, place_tensors, submit_blocks
 from hasten.checkpointing.tensors import tensors_from_safetensors
@@ -106,35 +105,6 @@ def _block_bytes(manifest: dict[str, Any] | None) -> int:
     return _UNVERIFIED_BLOCK_BYTES if manifest is None else int(manifest["block_bytes"])
 
 
-@functools.cache
-def _zero_copy_loader() -> Callable[..., Any] | None:
-    """torch's internal loader over an in-memory file when this torch has it, else None.
-
-    ``torch.serialization._load`` accepts ``overall_storage`` (the storage ``torch.load`` uses
-    for ``mmap=True``) since torch 2.1; checked once rather than trusted.
-    """
-    loader = getattr(torch.serialization, "_load", None)
-    reader = getattr(torch._C, "PyTorchFileReader", None)
-    unpickler = getattr(torch.serialization, "_weights_only_unpickler", None)
-    if loader is None or reader is None or unpickler is None:
-        return None
-    try:
-        parameters = inspect.signature(loader).parameters
-    except (TypeError, ValueError):
-        return None
-    if "overall_storage" not in parameters:
-        return None
-
-    def run(buffer: Buffer, map_location: Any) -> Any:
-        zip_reader = reader(ViewFile(memoryview(buffer)))
-        storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
-        return loader(
-            zip_reader, map_location, unpickler, overall_storage=storage, encoding="utf-8"
-        )
-
-    return run
-
-
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
@@ -148,11 +118,16 @@ def unpickle_buffer(buffer: Buffer, map_location: Any = None, source: object = N
     Raises:
         UnsafeCheckpointError: the pickle needs types beyond tensors, plain data and numpy arrays.
     """
-    loader = _zero_copy_loader()
-    if loader is None or len(buffer) < len(_ZIP_MAGIC) or buffer[:4] != _ZIP_MAGIC:
+    loader = in_place_loader()
+    unpickler = getattr(torch.serialization, "_weights_only_unpickler", None)
+    zipped = len(buffer) >= len(_ZIP_MAGIC) and buffer[:4] == _ZIP_MAGIC
+    if loader is None or unpickler is None or not zipped:
         return load(io.BytesIO(buffer), map_location=map_location)
+    storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
     with refuse_unsafe(source if source is not None else "a checkpoint file"):
-        return loader(buffer, map_location)
+        loaded = loader(memoryview(buffer), storage, map_location, unpickler)
+    # None: another byte order (or a pickled None), decoded from a copy
+    return load(io.BytesIO(buffer), map_location=map_location) if loaded is None else loaded
 
 
 def _read_threads() -> int:
@@ -258,7 +233,7 @@ class CheckpointReader:
         """
         source = str(self.folder / name)
         on_cpu = map_location is None or torch.device(map_location).type == "cpu"
-        if self._small(name) or not on_cpu or _zero_copy_loader() is None:
+        if self._small(name) or not on_cpu or in_place_loader() is None:
             value = unpickle_buffer(self.read(name), map_location, source=source)
             if check is not None:
                 check(value)

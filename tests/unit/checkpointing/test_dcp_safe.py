@@ -106,3 +106,80 @@ def test_a_crafted_bytes_entry_is_refused_without_running_it(tmp_path: Path) -> 
     _dcp_save(_state(), tmp_path / "plain")
     loaded = load_sharded_state(template, tmp_path / "plain")
     assert loaded["lr"] == 0.5 and torch.equal(loaded["model"]["w"], _state()["model"]["w"])
+
+
+def _archive(value: Any) -> tuple[memoryview, torch.UntypedStorage]:
+    """``torch.save`` bytes of ``value`` as DCP stores a tensor entry, and a storage over them."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    data = bytearray(buffer.getvalue())
+    return memoryview(data), torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(12.0).reshape(3, 4),
+        torch.arange(2 << 18, dtype=torch.int64),  # over the small-archive size: read in place
+        torch.tensor(7.0, dtype=torch.bfloat16),
+        torch.ones(0, 5),
+    ],
+    ids=["matrix", "large", "bf16-scalar", "empty"],
+)
+def test_a_tensor_entry_decodes_as_a_view_of_its_bytes(tensor: torch.Tensor) -> None:
+    from hasten.checkpointing.dcp_safe import load_tensor_item
+
+    view, storage = _archive(tensor)
+    loaded = load_tensor_item(view, storage)
+    assert torch.equal(loaded, tensor) and loaded.dtype == tensor.dtype
+    if tensor.numel():  # its data lies in the archive's bytes: not copied out
+        start = storage.data_ptr()
+        assert start <= loaded.data_ptr() < start + storage.nbytes()
+
+
+def test_a_tensor_entry_in_another_byte_order_is_copied_not_swapped_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hasten.checkpointing.io as checkpoint_io
+    from hasten.checkpointing.dcp_safe import load_tensor_item
+
+    view, storage = _archive(torch.arange(4.0))
+    before = bytes(view)
+    monkeypatch.setattr(checkpoint_io, "_NATIVE_ORDER", b"big")  # the archive's mark no longer
+    loaded = load_tensor_item(view, storage)  # matches
+    assert torch.equal(loaded, torch.arange(4.0))
+    assert bytes(view) == before  # the (in use: read-only mapped) bytes were left alone
+    assert not storage.data_ptr() <= loaded.data_ptr() < storage.data_ptr() + storage.nbytes()
+
+
+def test_a_tensor_entry_decodes_without_torchs_private_loader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hasten.checkpointing.dcp_safe as dcp_safe
+    import hasten.checkpointing.io as checkpoint_io
+
+    def old_load(zip_file: Any, map_location: Any, pickle_module: Any) -> None: ...
+
+    with monkeypatch.context() as patched:  # a torch whose _load takes no storage: not used
+        patched.setattr(torch.serialization, "_load", old_load)
+        checkpoint_io.in_place_loader.cache_clear()
+        assert checkpoint_io.in_place_loader() is None
+    checkpoint_io.in_place_loader.cache_clear()
+    assert checkpoint_io.in_place_loader() is not None
+    monkeypatch.setattr(dcp_safe, "in_place_loader", lambda: None)
+    view, storage = _archive(torch.arange(5.0))
+    loaded = dcp_safe.load_tensor_item(view, storage)
+    assert torch.equal(loaded, torch.arange(5.0))
+    assert not storage.data_ptr() <= loaded.data_ptr() < storage.data_ptr() + storage.nbytes()
+
+
+def test_a_crafted_tensor_entry_is_refused_without_running_it(tmp_path: Path) -> None:
+    from hasten.checkpointing.dcp_safe import load_tensor_item
+
+    marker = tmp_path / "ran"
+    view, storage = _archive({"w": torch.ones(2), "x": Payload(marker)})
+    with pytest.raises(pickle.UnpicklingError):
+        load_tensor_item(view, storage)
+    assert not marker.exists()

@@ -150,14 +150,59 @@ def test_a_damaged_or_unlisted_index_is_refused_naming_it(tmp_path: Path) -> Non
         PartedReader(tmp_path, PARTS, manifest)
 
 
+def test_verified_shards_are_mapped_and_each_tensor_is_a_view_of_the_mapping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hasten.checkpointing.dcp_storage as dcp_storage
+
+    writer, state = _save(tmp_path)
+    ranges: list[tuple[int, int]] = []  # the address range of every mapped file
+    original_map = dcp_storage._map
+
+    def spy_map(path: Path) -> Any:
+        view, handle = original_map(path)
+        if handle is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                start = torch.frombuffer(view, dtype=torch.uint8).data_ptr()
+            ranges.append((start, start + view.nbytes))
+        return view, handle
+
+    decoded: list[int] = []  # where each decoded tensor's data lies
+    original_item = dcp_storage.load_tensor_item
+
+    def spy_item(view: memoryview, storage: torch.UntypedStorage) -> torch.Tensor:
+        tensor = original_item(view, storage)
+        decoded.append(tensor.data_ptr())
+        return tensor
+
+    sliced: list[Any] = []
+    slice_file = dcp_storage.PartedReader._slice_file
+    monkeypatch.setattr(dcp_storage, "_map", spy_map)
+    monkeypatch.setattr(dcp_storage, "load_tensor_item", spy_item)
+    monkeypatch.setattr(
+        dcp_storage.PartedReader,
+        "_slice_file",
+        lambda self, file, sinfo: sliced.append(sinfo) or slice_file(self, file, sinfo),
+    )
+    loaded = _load(tmp_path, _manifest(writer.all_records))
+    assert torch.equal(loaded[PARTS[0]]["layer.weight"], state[PARTS[0]]["layer.weight"])
+    want = state[PARTS[1]]["state"]["layer.weight"]["exp_avg"]
+    assert torch.equal(loaded[PARTS[1]]["state"]["layer.weight"]["exp_avg"], want)
+    assert loaded[PARTS[1]]["param_groups"][0]["betas"] == (0.9, 0.99)
+    assert len(ranges) == 2  # one file per part, mapped once
+    assert len(decoded) == 4 and not sliced  # every tensor from the mappings, none by DCP's reader
+    assert all(any(lo <= ptr < hi for lo, hi in ranges) for ptr in decoded)  # no copy before
+    # the state dict's own, i.e. each tensor's data is copied once
+
+
 @pytest.mark.parametrize("copy_below", [1 << 20, 0])  # small items copied; large ones viewed
-def test_shards_are_mapped_and_each_item_served_from_the_mapping(
+def test_unverified_shards_are_read_by_dcp_small_items_copied_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copy_below: int
 ) -> None:
     import hasten.checkpointing.dcp_storage as dcp_storage
-    from hasten.checkpointing.io import ViewFile
 
-    writer, state = _save(tmp_path)
+    _, state = _save(tmp_path)
     monkeypatch.setattr(dcp_storage, "_COPY_ITEM_BYTES", copy_below)
     served: list[type] = []
     slice_file = dcp_storage.PartedReader._slice_file
@@ -168,28 +213,9 @@ def test_shards_are_mapped_and_each_item_served_from_the_mapping(
         return out
 
     monkeypatch.setattr(dcp_storage.PartedReader, "_slice_file", counted)
-    mapped: list[str] = []
-    original = dcp_storage._map
-
-    def spy(path: Path) -> Any:
-        view, handle = original(path)
-        if handle is not None:
-            mapped.append(path.name)
-        return view, handle
-
-    monkeypatch.setattr(dcp_storage, "_map", spy)
-    for manifest in (_manifest(writer.all_records), None):  # verified (mapped), then from disk
-        served.clear()
-        loaded = _load(tmp_path, manifest)
-        assert torch.equal(loaded[PARTS[0]]["layer.weight"], state[PARTS[0]]["layer.weight"])
-        want = state[PARTS[1]]["state"]["layer.weight"]["exp_avg"]
-        assert torch.equal(loaded[PARTS[1]]["state"]["layer.weight"]["exp_avg"], want)
-        assert loaded[PARTS[1]]["param_groups"][0]["betas"] == (0.9, 0.99)
-        if manifest is not None:
-            assert set(served) == {io.BytesIO if copy_below else ViewFile}
-        else:
-            assert (io.BytesIO in set(served)) == bool(copy_below)
-    assert mapped == ["__0_0.distcp", "__0_0.distcp"]  # one per part, only when verifying
+    loaded = _load(tmp_path, None)
+    assert torch.equal(loaded[PARTS[0]]["layer.bias"], state[PARTS[0]]["layer.bias"])
+    assert (io.BytesIO in set(served)) == bool(copy_below)
 
 
 def test_an_empty_file_is_served_empty_without_a_mapping(tmp_path: Path) -> None:
