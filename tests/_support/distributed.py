@@ -85,6 +85,10 @@ def run_distributed(
     on the way in); its return value must be picklable. Raises `DistributedTestError` naming
     every rank that failed, with its traceback, or the ranks still running at the timeout.
     """
+    # FSDP2's first fully_shard (DTensor.from_local) imports torch._dynamo: ~4 s in every forked
+    # worker unless the parent has it already, and each fork inherits it for free.
+    import torch._dynamo  # noqa: F401
+
     ctx = mp.get_context("fork")
     queue = ctx.SimpleQueue()
     port = free_port()
