@@ -171,6 +171,12 @@ class FullyShardedDataParallelPlugin:
             default = "true" if self.fsdp_version == 2 else "FULL_SHARD"
             self.reshard_after_forward = envvars.read("FSDP_RESHARD_AFTER_FORWARD", default)
         value = self.reshard_after_forward
+        if self.fsdp_version == 2 and value is None:
+            raise ValueError(
+                f"FullyShardedDataParallelPlugin(sharding_strategy={self.sharding_strategy!r}) is "
+                "FSDP1's setting; with fsdp_version=2 set reshard_after_forward instead: True "
+                "(like FULL_SHARD) or False (like SHARD_GRAD_OP)"
+            )
         if self.fsdp_version == 2:
             if isinstance(value, str):
                 try:
@@ -283,6 +289,15 @@ class FullyShardedDataParallelPlugin:
             elif not v1 and getattr(self, name) is not None:
                 notes.append(f"{name} is not used by FSDP2 and was set to None")
                 setattr(self, name, None)
+        if not v1 and self.param_init_fn is not None:
+            raise ValueError(
+                "FullyShardedDataParallelPlugin(param_init_fn=...) is FSDP1's (it initialises "
+                "meta-device modules while wrapping); FSDP2 does not call it. Leave it None and "
+                "set cpu_ram_efficient_loading=True to build the model on meta off the main "
+                "process, or use fsdp_version=1."
+            )
+        if not v1 and self.limit_all_gathers is not True:
+            notes.append("limit_all_gathers is FSDP1's; FSDP2 always limits all-gathers in flight")
         if v1 and self.forward_prefetch is None:
             self.forward_prefetch = envvars.setting("FSDP_FORWARD_PREFETCH")
         if not v1 and self.forward_prefetch is not None:

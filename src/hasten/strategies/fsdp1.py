@@ -4,13 +4,16 @@ On a CPU-only run torch's FSDP1 needs ``device_id=torch.device("cpu")`` (hasten 
 it cannot offload parameters (``CPUOffload(offload_params=True)``), broadcast module states
 (``sync_module_states``, which ``cpu_ram_efficient_loading`` needs) or gather a full state dict
 with ``offload_to_cpu=True`` (it segfaults): the first two raise here with the reason, the last is
-avoided by gathering full state dicts without offload on CPU.
+avoided by gathering full state dicts without offload on CPU, and by turning ``offload_to_cpu``
+off in the plugin's full state-dict configs there (the tensors are in host memory already), so
+code that passes them to ``FSDP.state_dict_type`` itself, as Accelerate scripts do, works too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -108,6 +111,8 @@ class FSDP1Strategy(ShardedStrategy):
 
         self.check_usable()
         ties = tied_parameter_names(module)
+        if self.device.type == "cpu":
+            _no_full_offload(self.plugin)
         precision.wrap_forward(module)
         wrapped: nn.Module = FullyShardedDataParallel(module, **self._wrap_kwargs(module))
         self._prepared_roots.append(wrapped)
@@ -166,6 +171,17 @@ class FSDP1Strategy(ShardedStrategy):
             "clip_grad_norm_ under FSDP1 clips a prepared model's parameters; pass "
             "model.parameters() of a model returned by accelerator.prepare()."
         )
+
+
+def _no_full_offload(plugin: Any) -> None:
+    """Full state-dict configs without ``offload_to_cpu`` (torch breaks on it on a CPU run)."""
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig
+
+    for name in ("state_dict_config", "optim_state_dict_config"):
+        config = getattr(plugin, name)
+        full = isinstance(config, (FullStateDictConfig, FullOptimStateDictConfig))
+        if full and config.offload_to_cpu:
+            setattr(plugin, name, dataclasses.replace(config, offload_to_cpu=False))
 
 
 def _checkpoint_blocks(plugin: Any, wrapped: nn.Module, original: nn.Module) -> None:

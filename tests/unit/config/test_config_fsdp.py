@@ -127,6 +127,8 @@ def test_fsdp2_drops_fsdp1_only_options_with_a_warning() -> None:
     assert plugin.use_orig_params is None
     with pytest.warns(UserWarning, match="sharding_strategy is deprecated"):
         Plugin(fsdp_version=2, sharding_strategy="FULL_SHARD", reshard_after_forward=True)
+    with pytest.warns(UserWarning, match="FSDP2 always limits all-gathers in flight"):
+        Plugin(fsdp_version=2, limit_all_gathers=False)
 
 
 def test_cpu_offload_objects() -> None:
@@ -195,6 +197,16 @@ def test_cpu_ram_efficient_loading_forces_sync_and_exports_the_variable() -> Non
             r"min_num_params='10'\) must be an int",
         ),
         ({"fsdp_version": 2, "forward_prefetch": True}, ValueError, r"not implemented by FSDP2"),
+        (
+            {"fsdp_version": 2, "sharding_strategy": "FULL_SHARD"},
+            ValueError,
+            r"sharding_strategy=.*FULL_SHARD.*FSDP1's setting.*reshard_after_forward instead",
+        ),
+        (
+            {"fsdp_version": 2, "param_init_fn": lambda module: None},
+            ValueError,
+            r"param_init_fn=...\) is FSDP1's.*cpu_ram_efficient_loading=True",
+        ),
         (
             {"activation_checkpointing_offload": True},
             ValueError,
