@@ -65,13 +65,12 @@ def test_merge_weights_cli_writes_one_loadable_safetensors_file(tmp_path: Path) 
 def test_merge_keeps_prefixes_with_several_roots_and_writes_pickles_on_request(
     tmp_path: Path,
 ) -> None:
-    from hasten.checkpointing.merge import merge_sharded_checkpoint
+    from hasten.utils import merge_fsdp_weights  # Accelerate's name for merge-weights
 
     run_distributed(_save, str(tmp_path), True, world_size=2, timeout=60)
-    target = merge_sharded_checkpoint(
-        tmp_path / "sharded", tmp_path / "merged", safe_serialization=False
-    )
-    assert target.name == "pytorch_model.bin"
+    merge_fsdp_weights(str(tmp_path / "sharded"), str(tmp_path / "merged"), False)
+    target = tmp_path / "merged" / "pytorch_model.bin"
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
     merged = torch.load(target, weights_only=True)
     assert sorted(merged) == ["model.0.bias", "model.0.weight", "optimizer.step"]
     assert torch.equal(merged["model.0.weight"], _expected()["0.weight"])

@@ -113,3 +113,71 @@ def test_parallelism_sizes_must_multiply_to_the_process_count() -> None:
         check_parallelism_sizes(env, 2)
     with pytest.raises(SystemExit):
         _parser().parse_args(["--parallelism_config_cp_comm_strategy", "ring"])
+
+
+_FSDP_FLAGS = {
+    "fsdp_sharding_strategy": "SHARD_GRAD_OP",
+    "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    "fsdp_transformer_layer_cls_to_wrap": "Block,Head",
+    "fsdp_min_num_params": "7",
+    "fsdp_offload_params": "true",
+    "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    "fsdp_backward_prefetch": "BACKWARD_POST",
+    "fsdp_forward_prefetch": "true",
+    "fsdp_use_orig_params": "true",
+    "fsdp_cpu_ram_efficient_loading": "true",
+    "fsdp_sync_module_states": "true",
+    "fsdp_activation_checkpointing": "true",
+}
+
+
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_each_fsdp_flag_and_config_key_reaches_its_plugin_field(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        CPUOffload,
+        CPUOffloadPolicy,
+        ShardingStrategy,
+        StateDictType,
+    )
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    from hasten.config.envvars import read_prefixed
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+
+    given = dict(_FSDP_FLAGS, fsdp_version=version)
+    if version == "2":  # FSDP1-only settings are left out; reshard_after_forward is a bool
+        for name in ("sharding_strategy", "backward_prefetch", "forward_prefetch"):
+            del given[f"fsdp_{name}"]
+        for name in ("use_orig_params", "sync_module_states"):
+            del given[f"fsdp_{name}"]
+        given["fsdp_reshard_after_forward"] = "false"
+    argv = ["--use_fsdp"] + [item for key, value in given.items() for item in (f"--{key}", value)]
+    env = option_env(_parser().parse_args(argv))
+    config = {"distributed_type": "FSDP", "fsdp_config": given}
+    assert plugin_env(config) == env  # a config file's fsdp_config carries the same variables
+    for name in read_prefixed("FSDP_"):
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == int(version)
+    assert plugin.auto_wrap_policy is transformer_auto_wrap_policy
+    assert plugin.transformer_cls_names_to_wrap == ["Block", "Head"]
+    assert plugin.state_dict_type is StateDictType.SHARDED_STATE_DICT
+    assert plugin.cpu_ram_efficient_loading is True
+    assert plugin.activation_checkpointing is True
+    if version == "1":
+        assert plugin.sharding_strategy is ShardingStrategy.SHARD_GRAD_OP
+        assert plugin.cpu_offload == CPUOffload(offload_params=True)
+        assert plugin.backward_prefetch is BackwardPrefetch.BACKWARD_POST
+        assert (plugin.forward_prefetch, plugin.use_orig_params) == (True, True)
+        assert plugin.sync_module_states is True
+    else:
+        assert plugin.reshard_after_forward is False
+        assert isinstance(plugin.cpu_offload, CPUOffloadPolicy)
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "SIZE_BASED_WRAP")
+    size = FullyShardedDataParallelPlugin()
+    assert size.min_num_params == 7

@@ -64,6 +64,17 @@ def test_compile_regions_in_place_keeps_names() -> None:
     torch.testing.assert_close(out(x), expected)
 
 
+def test_compile_regions_fsdp2_compiles_blocks_in_place_before_sharding() -> None:
+    from hasten.utils import compile_regions_fsdp2
+
+    tower = Tower()
+    names = [n for n, _ in tower.named_parameters()]
+    assert compile_regions_fsdp2(tower, backend="eager") is tower  # no wrapper to shard around
+    assert [n for n, _ in tower.named_parameters()] == names
+    assert all(b._compiled_call_impl is not None for b in tower.blocks)
+    assert tower.head._compiled_call_impl is None
+
+
 def test_compile_regions_without_blocks_compiles_whole() -> None:
     out = compile_regions(nn.Linear(2, 2), backend="eager")
     assert is_compiled_module(out)
