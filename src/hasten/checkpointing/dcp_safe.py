@@ -25,7 +25,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import types
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from hasten.checkpointing.io import UnsafeCheckpointError, in_place_loader
+from hasten.checkpointing.plain_pickle import PLAIN_GLOBALS, PLAIN_PICKLE, RestrictedUnpickler
 
 __all__ = [
     "SafeFileSystemReader",
@@ -50,9 +50,10 @@ _TRUST_HINT = (
 )
 
 # What a DCP index pickles to (checked on FSDP1/FSDP2 model+AdamW and plain one-process saves)
-_METADATA_CLASSES = {
-    "torch.distributed.checkpoint.metadata": frozenset(
-        {
+_INDEX_GLOBALS = PLAIN_GLOBALS | {
+    *(
+        f"torch.distributed.checkpoint.metadata.{name}"
+        for name in (
             "BytesStorageMetadata",
             "ChunkStorageMetadata",
             "Metadata",
@@ -61,60 +62,27 @@ _METADATA_CLASSES = {
             "TensorProperties",
             "TensorStorageMetadata",
             "_MEM_FORMAT_ENCODING",
-        }
-    ),
-    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
-    "torch.serialization": frozenset({"_get_layout"}),  # a layout from its name
-    "torch": frozenset({"Size"}),
-    "pathlib": frozenset({"Path", "PosixPath", "PurePath", "PurePosixPath", "PureWindowsPath"}),
-    "collections": frozenset({"OrderedDict"}),
-    "builtins": frozenset(
-        {"bool", "bytearray", "complex", "dict", "frozenset", "list", "set", "slice", "tuple"}
-    ),
-}
-_TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
-
-
-class _IndexUnpickler(pickle.Unpickler):
-    """Unpickles a DCP index, refusing every global outside `_METADATA_CLASSES`.
-
-    The C unpickler with a Python ``find_class``: called once per distinct global, so it is as
-    fast as plain ``pickle`` (torch's ``weights_only`` unpickler is pure Python).
-    """
-
-    source: object = None
-    allowed: dict[str, frozenset[str]] = _METADATA_CLASSES
-
-    def find_class(self, module: str, name: str) -> Any:
-        if name in self.allowed.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), _TORCH_VALUES):
-            return getattr(torch, name)  # torch.float32, torch.strided, torch.channels_last...
-        raise UnsafeCheckpointError(
-            f"Refused to load {self.source}: the DCP index holds {module}.{name}, which hasten "
-            "does not unpickle (a DCP .metadata holds only DCP's index classes, torch sizes and "
-            f"dtypes, and plain data; other objects could run code when loaded). {_TRUST_HINT}"
         )
+    ),
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    "torch.serialization._get_layout",  # a layout from its name
+    *(f"pathlib.{name}" for name in ("Path", "PosixPath", "PurePath", "PurePosixPath")),
+    "pathlib.PureWindowsPath",
+}
 
 
-class _EntryUnpickler(_IndexUnpickler):
-    """Unpickles a DCP bytes entry (a ``torch.save`` of plain data, maybe a tensor).
+class _IndexUnpickler(RestrictedUnpickler):
+    """Unpickles a DCP index, refusing every global but its own classes and plain data."""
 
-    Given to ``torch.load`` as its pickle module's Unpickler: torch's wrapper turns storage
-    names into storage types before this ``find_class`` sees anything else.
-    """
+    def allowed(self) -> frozenset[str]:
+        return _INDEX_GLOBALS
 
-    allowed = {
-        "builtins": _METADATA_CLASSES["builtins"],
-        "collections": _METADATA_CLASSES["collections"],
-        "torch": frozenset({"Size"}),
-        "torch._utils": frozenset({"_rebuild_tensor_v2"}),
-    }
-
-
-_ENTRY_PICKLE = types.ModuleType("hasten_dcp_entry_pickle")  # what torch.load calls Unpickler on
-_ENTRY_PICKLE.Unpickler = _EntryUnpickler  # type: ignore[attr-defined]
-_ENTRY_PICKLE.load = lambda file, **kwargs: _EntryUnpickler(file, **kwargs).load()  # type: ignore[attr-defined]
+    def refusal(self, name: str) -> UnsafeCheckpointError:
+        return UnsafeCheckpointError(
+            f"Refused to load {self.source}: the DCP index holds {name}, which hasten does not "
+            "unpickle (a DCP .metadata holds only DCP's index classes, torch sizes and dtypes, "
+            f"and plain data; other objects could run code when loaded). {_TRUST_HINT}"
+        )
 
 
 def load_metadata(data: bytes, source: object) -> Metadata:
@@ -148,7 +116,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
         fqn = read_item.dest_index.fqn
         try:  # weights_only=False with a restricted C unpickler: weights_only's is pure Python
-            loaded = torch.load(value, weights_only=False, pickle_module=_ENTRY_PICKLE)
+            loaded = torch.load(value, weights_only=False, pickle_module=PLAIN_PICKLE)
         except pickle.UnpicklingError as exc:  # UnsafeCheckpointError included
             raise UnsafeCheckpointError(
                 f"Refused to load the checkpoint entry {fqn!r}: it holds objects beyond plain "
@@ -171,7 +139,7 @@ def load_tensor_item(view: memoryview, storage: torch.UntypedStorage) -> torch.T
     load = in_place_loader()
     if load is not None:
         try:
-            tensor = load(view, storage, "cpu", _ENTRY_PICKLE)  # None: another byte order
+            tensor = load(view, storage, "cpu", PLAIN_PICKLE)  # None: another byte order
         except pickle.UnpicklingError:
             tensor = None  # not a plain tensor: torch's weights_only decoder decides
         if isinstance(tensor, torch.Tensor):

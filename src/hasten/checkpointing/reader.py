@@ -14,6 +14,7 @@ import functools
 import io
 import mmap
 import os
+import pickle
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 
 from hasten.checkpointing.io import in_place_loader, load, refuse_unsafe
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.plain_pickle import PLAIN_PICKLE
 from hasten.checkpointing.scatter import check_blocks, place_tensors, submit_blocks
 from hasten.checkpointing.tensors import tensors_from_safetensors
 
@@ -112,20 +114,28 @@ def unpickle_buffer(buffer: Buffer, map_location: Any = None, source: object = N
     """``torch.load(weights_only=True)`` of a file held in ``buffer``, without copying tensors.
 
     CPU tensors come back as views of ``buffer`` (which they keep alive); other locations get
-    copies, as with ``torch.load``. Files torch's zip loader cannot take (the legacy format)
-    are loaded the ordinary way.
+    copies, as with ``torch.load``. Plain data, tensors and numpy arrays are unpickled by the C
+    unpickler (`PLAIN_PICKLE`); a file holding anything else goes to torch's ``weights_only``
+    unpickler, which allows a few more torch types. Files torch's zip loader cannot take (the
+    legacy format) are loaded the ordinary way.
 
     Raises:
         UnsafeCheckpointError: the pickle needs types beyond tensors, plain data and numpy arrays.
     """
     loader = in_place_loader()
-    unpickler = getattr(torch.serialization, "_weights_only_unpickler", None)
+    weights_only = getattr(torch.serialization, "_weights_only_unpickler", None)
     zipped = len(buffer) >= len(_ZIP_MAGIC) and buffer[:4] == _ZIP_MAGIC
-    if loader is None or unpickler is None or not zipped:
+    if loader is None or weights_only is None or not zipped:
         return load(io.BytesIO(buffer), map_location=map_location)
-    storage = torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
-    with refuse_unsafe(source if source is not None else "a checkpoint file"):
-        loaded = loader(memoryview(buffer), storage, map_location, unpickler)
+    view, storage = (
+        memoryview(buffer),
+        torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage(),
+    )
+    try:
+        loaded = loader(view, storage, map_location, PLAIN_PICKLE)
+    except pickle.UnpicklingError:  # more than plain data: torch's unpickler decides
+        with refuse_unsafe(source if source is not None else "a checkpoint file"):
+            loaded = loader(view, storage, map_location, weights_only)
     # None: another byte order (or a pickled None), decoded from a copy
     return load(io.BytesIO(buffer), map_location=map_location) if loaded is None else loaded
 
