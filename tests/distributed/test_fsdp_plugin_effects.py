@@ -7,6 +7,7 @@ Accelerate's ``fsdp2_*`` helpers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,6 +175,30 @@ def _fsdp1_fields() -> dict[str, Any]:
     return out
 
 
+def _local_state_mismatches(folder: str) -> list[str]:
+    """FSDP1 LOCAL_STATE_DICT files refused by a model wrapped otherwise or of other sizes."""
+    from types import SimpleNamespace
+
+    from hasten.checkpointing.fsdp_utils import load_fsdp_model, save_fsdp_model
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=1, state_dict_type="LOCAL_STATE_DICT")
+    accelerator = SimpleNamespace(strategy=None, device=CPU)
+    model, _ = _prepare(1, state_dict_type="LOCAL_STATE_DICT")
+    save_fsdp_model(plugin, accelerator, model, folder)
+    errors = []
+    for other in (
+        _prepare(1, auto_wrap_policy="no_wrap")[0],
+        _prepare(1, model=TinyTransformer(width=8))[0],
+    ):
+        try:
+            load_fsdp_model(plugin, accelerator, other, folder)
+            errors.append("loaded")
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
 def _accelerator_checks() -> dict[str, Any]:
     from hasten import Accelerator
     from hasten.checkpointing.fsdp_utils import (
@@ -227,17 +252,18 @@ def _accelerator_checks() -> dict[str, Any]:
     return out
 
 
-def _all_checks() -> dict[str, Any]:
+def _all_checks(folder: str) -> dict[str, Any]:
     return {
         "fsdp2": _fsdp2_fields(),
         "fsdp1": _fsdp1_fields(),
+        "local": _local_state_mismatches(folder),
         "accelerator": _accelerator_checks(),
     }
 
 
 @pytest.mark.timeout(120)
-def test_plugin_fields_take_effect_on_the_sharded_model() -> None:
-    results = run_distributed(_all_checks, world_size=2, timeout=90)
+def test_plugin_fields_take_effect_on_the_sharded_model(tmp_path: Path) -> None:
+    results = run_distributed(_all_checks, str(tmp_path), world_size=2, timeout=90)
     v2, v1, acc = (results[0][k] for k in ("fsdp2", "fsdp1", "accelerator"))
     assert v2["reshard_True"] == "DTensor" and v2["reshard_False"] == "Parameter"
     bf16 = "torch.bfloat16->torch.bfloat16"
@@ -267,6 +293,9 @@ def test_plugin_fields_take_effect_on_the_sharded_model() -> None:
     assert all(u == 2 * s for u, s in zip(unsharded, sharded)), (unsharded, sharded)
     assert norm == pytest.approx(full, rel=1e-5)
     assert v1["full_state_dict"] == [len(TinyTransformer().state_dict()), False]
+    for local in (results[0]["local"], results[1]["local"]):
+        assert "but the model's local state has" in local[0] and "wrapped the same way" in local[0]
+        assert "but this process holds" in local[1] and "same number of processes" in local[1]
     assert acc["unwrapped"]
     assert acc["grads"][0] == [False] * len(acc["grads"][0])  # no reduce-scatter when accumulating
     assert all(acc["grads"][1])

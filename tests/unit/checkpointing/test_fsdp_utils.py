@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -73,3 +75,26 @@ def test_ensure_weights_retied() -> None:
     init = ensure_weights_retied(reinit, model, torch.device("cpu"))
     init(model[1])
     assert model[1].weight is model[0].weight
+
+
+def test_helpers_refuse_what_they_cannot_do(tmp_path: Any) -> None:
+    from types import SimpleNamespace
+
+    from hasten.checkpointing.fsdp_utils import fsdp2_prepare_model, save_fsdp_model
+
+    cpu = torch.device("cpu")
+    plain = SimpleNamespace(strategy=None, device=cpu, state=SimpleNamespace(fsdp_plugin=None))
+    model = TinyTransformer()
+    with pytest.raises(ValueError, match=r"needs an FSDP run: pass the FullyShardedDataParallel"):
+        save_fsdp_model(None, plain, model, tmp_path)
+    with pytest.raises(ValueError, match=r"adapter_only=True.*adapter_only=False"):
+        save_fsdp_model(None, plain, model, tmp_path, adapter_only=True)
+    sharded = FullyShardedDataParallelPlugin(fsdp_version=2)
+    with pytest.raises(ValueError, match=r"SHARDED_STATE_DICT is written with .*use_dcp=True"):
+        save_fsdp_model(sharded, plain, model, tmp_path, use_dcp=False)
+    local = FullyShardedDataParallelPlugin(fsdp_version=1, state_dict_type="LOCAL_STATE_DICT")
+    with pytest.raises(ValueError, match=r"not wrapped by FSDP1 \(TinyTransformer\)"):
+        save_fsdp_model(local, plain, model, tmp_path)
+    v1 = SimpleNamespace(strategy=None, device=cpu, state=SimpleNamespace(fsdp_plugin=local))
+    with pytest.raises(ValueError, match=r"fsdp2_prepare_model needs fsdp_version=2"):
+        fsdp2_prepare_model(v1, model)

@@ -133,3 +133,42 @@ def test_a_meta_model_needs_cpu_ram_efficient_loading() -> None:
         FSDP2Strategy(plugin, CPU).prepare_module(
             model, CPU, precision=Precision("no"), compile_fn=lambda m: m
         )
+
+
+def test_fsdp1_flat_parameters_take_only_an_optimizer_over_the_whole_model() -> None:
+    from hasten.strategies.fsdp1 import _onto_flat_parameters
+
+    model, flat = TinyTransformer(), torch.nn.Linear(2, 2)  # ``flat`` stands for the wrapped one
+    originals = [list(model.parameters())]
+    whole = torch.optim.SGD(model.parameters(), lr=0.1)
+    _onto_flat_parameters(whole, originals, [flat])
+    assert whole.param_groups[0]["params"] == list(flat.parameters())
+    for optimizer in (
+        torch.optim.SGD(model.head.parameters(), lr=0.1),  # part of the model
+        torch.optim.SGD(
+            [{"params": model.head.parameters()}, {"params": model.embed.parameters()}], lr=0.1
+        ),
+    ):
+        with pytest.raises(ValueError, match=r"parameter group\(s\).*use_orig_params=True"):
+            _onto_flat_parameters(optimizer, originals, [flat])
+
+
+def test_fsdp1_misuse_is_named() -> None:
+    from hasten.strategies.fsdp1 import _checkpoint_blocks
+
+    strategy = FSDP1Strategy(FullyShardedDataParallelPlugin(fsdp_version=1), CPU)
+    with pytest.raises(ValueError, match=r"clips a prepared model's parameters"):
+        strategy.clip_grad_norm_(TinyTransformer().parameters(), 1.0)
+    no_wrap = FullyShardedDataParallelPlugin(fsdp_version=1, auto_wrap_policy="no_wrap")
+    model = TinyTransformer()
+    with pytest.raises(ValueError, match=r"needs the layer classes.*transformer_cls_names_to_wrap"):
+        _checkpoint_blocks(no_wrap, model, model)
+
+
+def test_fsdp2_activation_checkpointing_offload_off_the_cpu_is_refused() -> None:
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, activation_checkpointing=True, activation_checkpointing_offload=True
+    )
+    FSDP2Strategy(plugin, CPU).check_usable()  # activations are in host memory already
+    with pytest.raises(ValueError, match=r"activation_checkpointing_offload is not wired"):
+        FSDP2Strategy(plugin, torch.device("cuda", 0)).check_usable()
