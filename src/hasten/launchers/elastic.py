@@ -1,8 +1,8 @@
 """Run a `LaunchPlan`: directly for one process, through torch elastic for several.
 
-One process on one machine needs no rendezvous, so the launcher replaces itself with the
-script (``exec``): no extra process, no torch import in the launcher, exit code and signals
-pass straight through. Otherwise PyTorch's own elastic agent (``elastic_launch``, what
+One process on one machine needs no rendezvous (unless FSDP needs its process group), so the
+launcher replaces itself with the script (``exec``): no extra process, no torch import in the
+launcher, exit code and signals pass straight through. Otherwise PyTorch's own elastic agent (``elastic_launch``, what
 ``torchrun`` uses) starts the workers, watches them, stops them all when one fails, and
 restarts the group up to ``max_restarts`` times.
 """
@@ -198,6 +198,16 @@ def run_workers(plan: LaunchPlan, env: Mapping[str, str]) -> int:
     return 1  # not reached: the last attempt returns
 
 
+def _needs_process_group(plan: LaunchPlan, env: Mapping[str, str]) -> bool:
+    """Whether even one process must join a (one-process) group: FSDP off the CPU.
+
+    FSDP shards over a process group; Accelerate's launcher starts ``--use_fsdp`` jobs through
+    torchrun for that reason, so one GPU can still train under FSDP (e.g. with CPU offload). A
+    script started directly would run without the group and leave the plugin unused.
+    """
+    return not plan.use_cpu and bool(envvars.setting("ACCELERATE_USE_FSDP", env))
+
+
 def run(plan: LaunchPlan, env: Mapping[str, str], *, replace_process: bool = True) -> int:
     """Run `plan` with the worker variables `env`; return the exit code for ``hasten launch``.
 
@@ -207,7 +217,7 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, replace_process: bool = Tru
         replace_process: for a single process, replace this process with the script (the
             launcher's fastest path; does not return). When False, run it as a child instead.
     """
-    if not plan.is_single_process:
+    if not plan.is_single_process or _needs_process_group(plan, env):
         return run_workers(plan, env)
     command = script_command(plan)
     full_env = {**envvars.snapshot(), **env}

@@ -7,8 +7,9 @@ it; ``distributed_type``, ``fsdp_plugin``, ``is_fsdp2`` and `select_strategy` al
 other module re-reads those variables or compares labels by string.
 
 Unlike Accelerate, FSDP also shards over CPU processes (gloo): a multi-process CPU run with an
-FSDP plugin is an FSDP run, not silently plain DDP. A single process keeps Accelerate's
-behaviour (nothing to shard, the plugin is not used).
+FSDP plugin is an FSDP run, not silently plain DDP. A single process without a process group
+(a script run directly) keeps Accelerate's behaviour (nothing to shard, the plugin is not used);
+``hasten launch --use_fsdp`` starts even one process as a one-process group, so FSDP runs.
 
 A Megatron-LM plugin, when given, makes Megatron-LM the engine on any run (its strategy refuses
 at prepare() where megatron-core cannot run, e.g. without CUDA); with FSDP or DeepSpeed it is

@@ -112,6 +112,25 @@ def test_single_process_runs_directly_and_propagates_exit_code(tmp_path: Path) -
     assert code == 7
 
 
+def test_one_fsdp_process_off_the_cpu_still_gets_a_process_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[LaunchPlan] = []
+    monkeypatch.setattr(elastic, "run_workers", lambda plan, env: started.append(plan) or 0)
+    fsdp = {"ACCELERATE_USE_FSDP": "true"}
+    assert run(LaunchPlan("job.py"), fsdp, replace_process=False) == 0  # as Accelerate: torchrun
+    assert len(started) == 1
+    ran: list[list[str]] = []
+    monkeypatch.setattr(
+        elastic.subprocess,
+        "run",
+        lambda cmd, **kw: ran.append(cmd) or SimpleNamespace(returncode=0),
+    )
+    run(LaunchPlan("job.py", use_cpu=True), fsdp, replace_process=False)  # --cpu: run directly
+    run(LaunchPlan("job.py"), {"ACCELERATE_USE_FSDP": "false"}, replace_process=False)
+    assert len(started) == 1 and len(ran) == 2
+
+
 @pytest.mark.parametrize(
     ("make_error", "code", "message"),
     [
