@@ -23,6 +23,9 @@ Cases (each row: rank 0 and rank 1 peak / model size):
 - ``raw save`` / ``hasten save_model``: after sharding, the full state dict written as
   safetensors shards of ``--shard-mb`` from rank 0 (raw: ``get_model_state_dict`` full, then
   ``safetensors.torch.save_file`` per shard; hasten: ``save_model``).
+- ``raw save fsdp1`` / ``hasten save_model fsdp1``: the same with FSDP1 (each ``Block`` one
+  unit, every rank builds the model; raw: a full state dict without CPU offload, which
+  segfaults on a CPU-only run).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ CASES = [
     "hasten full",
     "raw save",
     "hasten save_model",
+    "raw save fsdp1",
+    "hasten save_model fsdp1",
 ]
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -129,12 +134,20 @@ def raw_efficient(depth: int) -> BlockModel:
     return model
 
 
-def _accelerator(efficient: bool) -> Any:
+def _raw_fsdp1(model: BlockModel) -> nn.Module:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    policy = ModuleWrapPolicy({type(model.layers[0])})
+    return FullyShardedDataParallel(model, auto_wrap_policy=policy, device_id=torch.device("cpu"))
+
+
+def _accelerator(efficient: bool, version: int = 2) -> Any:
     from hasten import Accelerator
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=2,
+        fsdp_version=version,
         auto_wrap_policy="transformer_based_wrap",
         cpu_ram_efficient_loading=efficient,
     )
@@ -151,15 +164,15 @@ def hasten_efficient(accelerator: Any, depth: int, all_build: bool) -> BlockMode
     return accelerator.prepare(model)
 
 
-def _warm_up(accelerator: Any) -> None:
+def _warm_up(accelerator: Any, fsdp1: bool) -> None:
     """Run the case's code once on a tiny model: the modules it imports are not counted."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    tiny = BlockModel(8, 2)
+    tiny: nn.Module = BlockModel(8, 2)
     folder = Path(tempfile.gettempdir()) / f"hasten_bench_fsdp_memory_warm_{os.getppid()}"
     if accelerator is None:
-        _raw_shard(tiny)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        tiny = _raw_fsdp1(tiny) if fsdp1 else _raw_shard(tiny)  # type: ignore[arg-type]
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not fsdp1)
         get_model_state_dict(tiny, options=options)
     else:
         accelerator.save_model(accelerator.prepare(tiny), str(folder))
@@ -170,9 +183,15 @@ def _warm_up(accelerator: Any) -> None:
 
 
 def _phase(case: str, depth: int, shard_mb: int, out: dict[str, int]) -> None:
-    efficient = "efficient" in case or "save" in case
-    accelerator = _accelerator(efficient) if "hasten" in case else None
-    _warm_up(accelerator)
+    fsdp1 = case.endswith("fsdp1")
+    efficient = "efficient" in case or ("save" in case and not fsdp1)
+    accelerator = _accelerator(efficient, 1 if fsdp1 else 2) if "hasten" in case else None
+    _warm_up(accelerator, fsdp1)
+    if fsdp1:
+        model = _build(depth, real=True)
+        model = accelerator.prepare(model) if accelerator else _raw_fsdp1(model)
+        _save(case, accelerator, model, shard_mb, out)
+        return
     if case in ("raw save", "hasten save_model"):
         model = hasten_efficient(accelerator, depth, False) if accelerator else raw_efficient(depth)
         _save(case, accelerator, model, shard_mb, out)
@@ -199,7 +218,7 @@ def _check_sharded(model: nn.Module) -> None:
 
 
 def _save(
-    case: str, accelerator: Any, model: BlockModel, shard_mb: int, out: dict[str, int]
+    case: str, accelerator: Any, model: nn.Module, shard_mb: int, out: dict[str, int]
 ) -> None:
     folder = Path(tempfile.gettempdir()) / f"hasten_bench_fsdp_memory_{os.getppid()}"
     if dist.get_rank() == 0:
@@ -209,18 +228,18 @@ def _save(
         if accelerator is not None:
             accelerator.save_model(model, str(folder), max_shard_size=f"{shard_mb}MB")
         else:
-            _raw_save(model, folder, shard_mb * 10**6)
+            _raw_save(model, folder, shard_mb * 10**6, offload=not case.endswith("fsdp1"))
     dist.barrier()
     if dist.get_rank() == 0:
         out["files"] = len(list(folder.iterdir()))
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _raw_save(model: nn.Module, folder: Path, max_bytes: int) -> None:
+def _raw_save(model: nn.Module, folder: Path, max_bytes: int, offload: bool) -> None:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=offload)
     state = get_model_state_dict(model, options=options)
     if dist.get_rank() != 0:
         return
@@ -280,13 +299,14 @@ def _print(results: dict[str, list[list[dict[str, int]]]], model_bytes: int, sha
         ("raw control", "raw efficient"),
         ("hasten full", "raw full"),
         ("hasten save_model", "raw save"),
+        ("hasten save_model fsdp1", "raw save fsdp1"),
     ]
     for mine, raw in pairs:
         if mine not in medians or raw not in medians:
             continue
         ratios = [medians[mine][r] / max(medians[raw][r], 1) for r in (0, 1)]
         print(f"ratio {mine} / {raw}: rank0 {ratios[0]:.2f}, rank1 {ratios[1]:.2f}")
-    for case in ("raw save", "hasten save_model"):
+    for case in ("raw save", "hasten save_model", "raw save fsdp1", "hasten save_model fsdp1"):
         if case not in medians:
             continue
         r0 = medians[case][0]

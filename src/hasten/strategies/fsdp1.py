@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from typing_extensions import override
 
 from hasten.precision import Precision, select_precision
 from hasten.strategies.base import ModulePreparer
+from hasten.strategies.fsdp1_gather import gather_units, weights_layout
 from hasten.strategies.fsdp2 import ignored_modules
 from hasten.strategies.sharded import ShardedStrategy, tied_parameter_names
 
@@ -39,6 +41,10 @@ class FSDP1Strategy(ShardedStrategy):
         # FULL_STATE_DICT with offload_to_cpu=True segfaults when FSDP1 computes on the CPU.
         self.full_offload = device.type != "cpu"
         self._prepared_roots: list[Any] = []  # FSDP roots, for clip_grad_norm_
+        # Each prepared root's unwrapped state dict layout (meta stand-ins), for save_model.
+        self._layouts: weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @override
     def select_precision(
@@ -110,7 +116,7 @@ class FSDP1Strategy(ShardedStrategy):
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         self.check_usable()
-        ties = tied_parameter_names(module)
+        layout = weights_layout(module, tied_parameter_names(module))
         if self.device.type == "cpu":
             _no_full_offload(self.plugin)
         precision.wrap_forward(module)
@@ -118,9 +124,9 @@ class FSDP1Strategy(ShardedStrategy):
         self._prepared_roots.append(wrapped)
         if self.plugin.activation_checkpointing:
             _checkpoint_blocks(self.plugin, wrapped, module)
-        prepared = compile_fn(wrapped)
-        self._record_ties(prepared, ties)
-        return prepared
+        if layout is not None:
+            self._layouts[wrapped] = layout
+        return compile_fn(wrapped)
 
     @override
     def setup(
@@ -158,6 +164,18 @@ class FSDP1Strategy(ShardedStrategy):
     def _module(self, model: nn.Module) -> nn.Module:
         root = self._root(model)
         return root if root is not None else model
+
+    @override
+    def full_state_dict_parts(
+        self, model: nn.Module
+    ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]] | None:
+        # Unit by unit with summon_full_params: no ShardedTensor state dict (torch deprecates
+        # them, and building one copies every process's shard of the whole model).
+        root = self._module(model)
+        layout = self._layouts.get(root)
+        if layout is None:  # not prepared here, or state beyond tensors: gathered whole
+            return None
+        return dict(layout), lambda part: gather_units(root, {k: layout[k] for k in part})
 
     @override
     def clip_grad_norm_(

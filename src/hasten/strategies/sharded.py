@@ -9,7 +9,6 @@ non-zero ranks deadlocks on gloo).
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -51,24 +50,6 @@ def state_dict_options(*, full: bool, cpu_offload: bool, strict: bool = True) ->
     )
 
 
-def _full_sharded_tensor(value: Any, main: bool) -> torch.Tensor | None:
-    """FSDP1's ShardedTensor gathered on rank 0 (where its shards live, then to the CPU)."""
-    shards = value.local_shards()
-    device = shards[0].tensor.device if shards else torch.device("cpu")
-    out = torch.empty(value.size(), dtype=value.dtype, device=device) if main else None
-    value.gather(dst=0, out=out)
-    return out
-
-
-def _stand_in(value: Any) -> Any:
-    """``value``, or for a ShardedTensor (no ``numel``) a meta tensor of its full shape."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    if isinstance(value, ShardedTensor):
-        return torch.empty(value.size(), dtype=value.dtype, device="meta")
-    return value
-
-
 def tied_parameter_names(module: nn.Module) -> list[list[str]]:
     """Groups of (canonical) names under which one Parameter object is registered in ``module``.
 
@@ -86,12 +67,11 @@ def gather_to_main(part: dict[str, Any]) -> dict[str, Any]:
     """Full CPU copies of ``part``'s entries on rank 0 (``{}`` elsewhere), one tensor at a time.
 
     What ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` gives for these
-    entries (each DTensor all-gathered over its mesh, FSDP1's ShardedTensors gathered to rank 0,
-    plain values as they are), but only for the entries asked for, so a caller can write and
+    entries (each DTensor all-gathered over its mesh, plain values as they are), but only for
+    the entries asked for, so a caller can write and
     drop them before gathering the next part. Every process calls it with the same keys. One
     object under several names (a tied weight) is gathered once; the names get views of it.
     """
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torch.distributed.tensor import DTensor
 
     main = dist.get_rank() == 0
@@ -108,10 +88,6 @@ def gather_to_main(part: dict[str, Any]) -> dict[str, Any]:
             if value.device.type != value.device_mesh.device_type:  # CPU-offloaded shards
                 value = value.to(value.device_mesh.device_type)
             value = value.full_tensor()
-        elif isinstance(value, ShardedTensor):
-            with warnings.catch_warnings():  # FSDP1 hands out ShardedTensors; torch deprecates them
-                warnings.filterwarnings("ignore", "Please use DTensor", FutureWarning)
-                value = _full_sharded_tensor(value, main)
         if main:
             out[name] = done[key] = value.to("cpu") if isinstance(value, torch.Tensor) else value
         else:
@@ -188,25 +164,17 @@ class ShardedStrategy(Strategy):
     @override
     def full_state_dict_parts(
         self, model: nn.Module
-    ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]]:
+    ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]] | None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         module = self._module(model)
         options = state_dict_options(full=False, cpu_offload=False)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Please use DTensor", FutureWarning)
-            held = get_model_state_dict(module, options=options)
+        held = get_model_state_dict(module, options=options)  # DTensors: their full shapes
         for group in self._ties.get(module, ()):  # one object per tie: saved once, like unsharded
             present = [name for name in group if name in held]
             for alias in present[1:]:
                 held[alias] = held[present[0]]
-        stand_ins: dict[int, Any] = {}
-        for value in held.values():
-            if id(value) not in stand_ins:
-                stand_ins[id(value)] = _stand_in(value)
-        return {k: stand_ins[id(v)] for k, v in held.items()}, lambda part: gather_to_main(
-            {k: held[k] for k in part}
-        )
+        return dict(held), lambda part: gather_to_main({k: held[k] for k in part})
 
     @override
     def load_model_state_dict(
