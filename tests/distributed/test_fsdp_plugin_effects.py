@@ -131,8 +131,13 @@ def _fsdp1_fields() -> dict[str, Any]:
         model.limit_all_gathers,
         [n for n, _ in model.named_parameters()][:1],  # original names, not flat ones
     ]
-    model, _ = _prepare(1, sharding_strategy="NO_SHARD", auto_wrap_policy="no_wrap")
-    out["no_shard"] = sum(p.numel() for p in model.parameters())
+    out["wrapped"] = sum(isinstance(m, FSDP) for m in model.modules())  # root + each Block
+    # reshard_after_forward is FSDP1's newer name of the sharding strategy
+    model, _ = _prepare(1, reshard_after_forward="NO_SHARD", auto_wrap_policy="no_wrap")
+    out["no_shard"] = [
+        sum(p.numel() for p in model.parameters()),
+        sum(isinstance(m, FSDP) for m in model.modules()),
+    ]
     seen: list[Any] = []
     model, _ = _prepare(1, mixed_precision_policy="bf16", activation_checkpointing=True)
     block = next(m for m in model.modules() if isinstance(m, Block))
@@ -282,7 +287,8 @@ def test_plugin_fields_take_effect_on_the_sharded_model(tmp_path: Path) -> None:
         False,
         ["_fsdp_wrapped_module.embed.weight"],
     ]
-    assert v1["no_shard"] == sum(p.numel() for p in TinyTransformer().parameters())
+    assert v1["wrapped"] == 3
+    assert v1["no_shard"] == [sum(p.numel() for p in TinyTransformer().parameters()), 1]
     assert v1["mixed_and_checkpointing"] == [bf16, bf16]
     assert v1["ignored"] == ["_fsdp_wrapped_module.head.weight", "_fsdp_wrapped_module.head.bias"]
     assert v1["param_init_fn"] == [

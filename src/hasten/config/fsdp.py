@@ -154,50 +154,63 @@ class FullyShardedDataParallelPlugin:
             )
 
     def _resolve_sharding(self, notes: list[str]) -> None:
-        from torch.distributed.fsdp import ShardingStrategy
 
-        if self.sharding_strategy is not None and self.fsdp_version == 2:
-            notes.append("sharding_strategy is deprecated with FSDP2; use reshard_after_forward")
         if self.fsdp_version == 1:
-            if self.sharding_strategy is None:
-                self.sharding_strategy = envvars.setting("FSDP_SHARDING_STRATEGY")
-            self.sharding_strategy = _to_enum(
-                ShardingStrategy,
-                self.sharding_strategy,
-                FSDP_SHARDING_STRATEGY,
-                "sharding_strategy",
-            )
+            self._resolve_fsdp1_sharding()
+            return
+        if self.sharding_strategy is not None:
+            notes.append("sharding_strategy is deprecated with FSDP2; use reshard_after_forward")
         if self.reshard_after_forward is None and self.sharding_strategy is None:
-            default = "true" if self.fsdp_version == 2 else "FULL_SHARD"
-            self.reshard_after_forward = envvars.read("FSDP_RESHARD_AFTER_FORWARD", default)
+            self.reshard_after_forward = envvars.read("FSDP_RESHARD_AFTER_FORWARD", "true")
         value = self.reshard_after_forward
-        if self.fsdp_version == 2 and value is None:
+        if value is None:
             raise ValueError(
                 f"FullyShardedDataParallelPlugin(sharding_strategy={self.sharding_strategy!r}) is "
                 "FSDP1's setting; with fsdp_version=2 set reshard_after_forward instead: True "
                 "(like FULL_SHARD) or False (like SHARD_GRAD_OP)"
             )
-        if self.fsdp_version == 2:
-            if isinstance(value, str):
-                try:
-                    value = envvars.parse_bool(value)
-                except ValueError:
-                    pass
-            if not isinstance(value, bool):
-                raise ValueError(
-                    f"FullyShardedDataParallelPlugin(reshard_after_forward={value!r}) must be a "
-                    "bool with fsdp_version=2 (True = reshard after forward, like FULL_SHARD)"
-                )
-        elif value is not None:
-            if isinstance(value, bool):
-                raise ValueError(
-                    f"FullyShardedDataParallelPlugin(reshard_after_forward={value!r}) must be a "
-                    f"sharding strategy with fsdp_version=1: one of {FSDP_SHARDING_STRATEGY}"
-                )
-            value = _to_enum(
-                ShardingStrategy, value, FSDP_SHARDING_STRATEGY, "reshard_after_forward"
+        if isinstance(value, str):
+            try:
+                value = envvars.parse_bool(value)
+            except ValueError:
+                pass
+        if not isinstance(value, bool):
+            raise ValueError(
+                f"FullyShardedDataParallelPlugin(reshard_after_forward={value!r}) must be a "
+                "bool with fsdp_version=2 (True = reshard after forward, like FULL_SHARD)"
             )
         self.reshard_after_forward = value
+
+    def _resolve_fsdp1_sharding(self) -> None:
+        """FSDP1: ``sharding_strategy`` or its newer name ``reshard_after_forward`` (a strategy
+        too), whichever is given; neither: the launcher's variables, else FULL_SHARD."""
+        from torch.distributed.fsdp import ShardingStrategy
+
+        if isinstance(self.reshard_after_forward, bool):
+            raise ValueError(
+                f"FullyShardedDataParallelPlugin(reshard_after_forward="
+                f"{self.reshard_after_forward!r}) must be a sharding strategy with "
+                f"fsdp_version=1: one of {FSDP_SHARDING_STRATEGY}"
+            )
+        if self.sharding_strategy is None and self.reshard_after_forward is None:
+            self.sharding_strategy = envvars.read("FSDP_SHARDING_STRATEGY")
+            self.reshard_after_forward = envvars.read("FSDP_RESHARD_AFTER_FORWARD")
+            if self.sharding_strategy is None and self.reshard_after_forward is None:
+                self.sharding_strategy = "FULL_SHARD"
+        for name in ("sharding_strategy", "reshard_after_forward"):
+            if getattr(self, name) is not None:
+                value = _to_enum(
+                    ShardingStrategy, getattr(self, name), FSDP_SHARDING_STRATEGY, name
+                )
+                setattr(self, name, value)
+        given = (self.sharding_strategy, self.reshard_after_forward)
+        if None not in given and given[0] != given[1]:
+            raise ValueError(
+                f"FullyShardedDataParallelPlugin(sharding_strategy={given[0].name}, "
+                f"reshard_after_forward={given[1].name}) disagree: with fsdp_version=1 they are "
+                "one setting (reshard_after_forward is the newer name); give only one of them "
+                "(fsdp_sharding_strategy / fsdp_reshard_after_forward)"
+            )
 
     def _resolve_cpu_offload(self) -> None:
         from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, OffloadPolicy

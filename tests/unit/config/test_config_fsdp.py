@@ -107,9 +107,29 @@ def test_sharding_strategy_spellings(value: object) -> None:
     assert Plugin(sharding_strategy=value).sharding_strategy is ShardingStrategy.HYBRID_SHARD
 
 
-def test_fsdp1_reshard_after_forward_is_a_strategy() -> None:
+def test_fsdp1_reshard_after_forward_is_a_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "FULL_SHARD")  # the argument wins
     plugin = Plugin(sharding_strategy=None, reshard_after_forward="NO_SHARD")
     assert plugin.reshard_after_forward is ShardingStrategy.NO_SHARD
+    assert plugin.sharding_strategy is None  # not FULL_SHARD: the strategy uses NO_SHARD
+    monkeypatch.delenv("FSDP_SHARDING_STRATEGY")
+    monkeypatch.setenv(
+        "FSDP_RESHARD_AFTER_FORWARD", "shard_grad_op"
+    )  # --fsdp_reshard_after_forward
+    plugin = Plugin(fsdp_version=1)
+    assert (plugin.sharding_strategy, plugin.reshard_after_forward) == (
+        None,
+        ShardingStrategy.SHARD_GRAD_OP,
+    )
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "FULL_SHARD")
+    with pytest.raises(
+        ValueError,
+        match=r"sharding_strategy=FULL_SHARD, reshard_after_forward="
+        r"SHARD_GRAD_OP\) disagree.*give only one of them",
+    ):
+        Plugin(fsdp_version=1)
+    same = Plugin(sharding_strategy="NO_SHARD", reshard_after_forward=ShardingStrategy.NO_SHARD)
+    assert same.sharding_strategy is same.reshard_after_forward
 
 
 def test_backward_prefetch_spellings() -> None:
