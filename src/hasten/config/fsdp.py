@@ -203,7 +203,7 @@ class FullyShardedDataParallelPlugin:
                     ShardingStrategy, getattr(self, name), FSDP_SHARDING_STRATEGY, name
                 )
                 setattr(self, name, value)
-        given = (self.sharding_strategy, self.reshard_after_forward)
+        given: tuple[Any, Any] = (self.sharding_strategy, self.reshard_after_forward)
         if None not in given and given[0] != given[1]:
             raise ValueError(
                 f"FullyShardedDataParallelPlugin(sharding_strategy={given[0].name}, "
