@@ -29,6 +29,19 @@ class TrackioTracker(RunTracker):
         """Create the Trackio run."""
         self.run = _trackio().init(project=self.run_name, **self.init_kwargs)
 
+    def finish(self) -> None:
+        """Finish the run and, when it is Trackio's current run, forget it as ``trackio.finish``
+        does: else Trackio's exit hook finishes it again (and prints "Uploading logs") at exit.
+        """
+        if self.run is None:
+            return
+        trackio = _trackio()
+        current = getattr(getattr(trackio, "context_vars", None), "current_run", None)
+        if current is not None and current.get() is self.run:
+            trackio.finish()
+        else:  # another run was started since: leave that one current
+            self.run.finish()
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Store ``values`` in the run's config."""
         self.run.config.update(values)

@@ -19,13 +19,14 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_local_database_holds_metrics_and_config(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Trackio fixes its folder when imported: import it afresh with TRACKIO_DIR pointing here.
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     for name in [m for m in sys.modules if m == "trackio" or m.startswith("trackio.")]:
         monkeypatch.delitem(sys.modules, name)
+    import trackio
     import trackio.utils
 
     assert tmp_path == trackio.utils.TRACKIO_DIR
@@ -43,6 +44,11 @@ def test_local_database_holds_metrics_and_config(
     tracker.log_images({"sample": (np.zeros((8, 8, 3), dtype=np.uint8), "blank")}, step=40)
     tracker.log_table("preds", columns=["x", "y"], data=[[1, 2]], step=50)
     manager.finish()
+    # Finished as trackio.finish() does: no current run left for Trackio's exit hook to finish
+    # again (it printed "Uploading logs to Trackio" at interpreter exit).
+    assert capsys.readouterr().out.count("Run finished") == 1
+    with pytest.raises(RuntimeError, match=r"Call trackio.init\(\) before trackio.log"):
+        trackio.log({"loss": 0.0})
 
     with sqlite3.connect(tmp_path / "proj.db") as db:
         rows = db.execute("SELECT step, metrics FROM metrics ORDER BY step").fetchall()
