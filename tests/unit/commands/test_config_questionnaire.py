@@ -127,10 +127,12 @@ def test_fsdp_answers_fill_its_section(monkeypatch: pytest.MonkeyPatch) -> None:
         "no",
         "no",
         "yes",  # not DeepSpeed, FSDP
-        "",
+        "",  # version 2
+        "",  # reshard after forward: yes
         "yes",
         "",
         "Block,Head",
+        "",  # cpu_ram_efficient_loading: no
         "FULL_STATE_DICT",
         "no",
         "2",
@@ -141,12 +143,37 @@ def test_fsdp_answers_fill_its_section(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.distributed_type == "FSDP"
     assert config.fsdp_config == {
         "fsdp_version": 2,
+        "fsdp_reshard_after_forward": True,
+        "fsdp_cpu_ram_efficient_loading": False,
         "fsdp_offload_params": True,
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_transformer_layer_cls_to_wrap": "Block,Head",
         "fsdp_state_dict_type": "FULL_STATE_DICT",
         "fsdp_activation_checkpointing": False,
     }
+
+
+def test_fsdp1_size_based_wrap_asks_the_strategy_and_minimum_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hasten.launchers.env import plugin_env
+
+    fsdp1 = ("0", "SHARD_GRAD_OP", "no", "SIZE_BASED_WRAP", "1000", "no", "", "no")
+    _answers(monkeypatch, "multi-GPU", "1", "no", "no", "no", "yes", *fsdp1, "2", "", "no")
+    config = get_cluster_input()
+    assert config.fsdp_config == {
+        "fsdp_version": 1,
+        "fsdp_reshard_after_forward": "SHARD_GRAD_OP",
+        "fsdp_offload_params": False,
+        "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+        "fsdp_min_num_params": 1000,
+        "fsdp_cpu_ram_efficient_loading": False,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_activation_checkpointing": False,
+    }
+    env = plugin_env({"distributed_type": "FSDP", "fsdp_config": config.fsdp_config})
+    assert env["FSDP_RESHARD_AFTER_FORWARD"] == "SHARD_GRAD_OP"
+    assert env["FSDP_MIN_NUM_PARAMS"] == "1000"
 
 
 def test_tpu_pod_questions(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -173,17 +173,31 @@ def _ask_fsdp(config: dict[str, Any]) -> None:
     config["distributed_type"] = DistributedType.FSDP.value
     version = 2 if ask_choice("Which FSDP version?", ["1", "2"], default=1) == 1 else 1
     policies = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
-    section: dict[str, Any] = {
-        "fsdp_version": version,
-        "fsdp_offload_params": ask_yes_no("Offload parameters to CPU?"),
-        "fsdp_auto_wrap_policy": policies[ask_choice("Which auto-wrap policy?", policies)],
-    }
+    section: dict[str, Any] = {"fsdp_version": version}
+    if version == 2:
+        section["fsdp_reshard_after_forward"] = ask_yes_no(
+            "Reshard parameters after forward (like FULL_SHARD; no: like SHARD_GRAD_OP)?", True
+        )
+    else:
+        strategies = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
+        section["fsdp_reshard_after_forward"] = strategies[
+            ask_choice("Which sharding strategy?", strategies)
+        ]
+    section["fsdp_offload_params"] = ask_yes_no("Offload parameters to CPU?")
+    section["fsdp_auto_wrap_policy"] = policies[ask_choice("Which auto-wrap policy?", policies)]
     if section["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP":
         section["fsdp_transformer_layer_cls_to_wrap"] = ask(
             "Which layer classes to wrap (comma-separated; empty = the model's _no_split_modules)?",
             str,
             "",
         )
+    elif section["fsdp_auto_wrap_policy"] == "SIZE_BASED_WRAP":
+        section["fsdp_min_num_params"] = ask(
+            "Minimum parameters of a wrapped module?", _positive_int, 100_000_000
+        )
+    section["fsdp_cpu_ram_efficient_loading"] = ask_yes_no(
+        "Load the weights on the main process only (cpu_ram_efficient_loading)?"
+    )
     kinds = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
     section["fsdp_state_dict_type"] = kinds[ask_choice("Which state dict type?", kinds)]
     section["fsdp_activation_checkpointing"] = ask_yes_no("Use activation checkpointing?")
