@@ -132,7 +132,7 @@ class FullyShardedDataParallelPlugin:
         self._resolve_cpu_offload()
         self._resolve_backward_prefetch(notes)
         self.set_state_dict_type()
-        self._resolve_auto_wrap_policy()
+        self._resolve_auto_wrap_policy(notes)
         self._resolve_flags(notes)
         if isinstance(self.mixed_precision_policy, str):
             self.set_mixed_precision(self.mixed_precision_policy, override=True)
@@ -249,7 +249,7 @@ class FullyShardedDataParallelPlugin:
                 value = None
         self.backward_prefetch = value
 
-    def _resolve_auto_wrap_policy(self) -> None:
+    def _resolve_auto_wrap_policy(self, notes: list[str]) -> None:
         from torch.distributed.fsdp.wrap import (
             size_based_auto_wrap_policy,
             transformer_auto_wrap_policy,
@@ -287,6 +287,12 @@ class FullyShardedDataParallelPlugin:
                 raise ValueError(
                     f"FullyShardedDataParallelPlugin(min_num_params={self.min_num_params!r}) must "
                     "be an int (modules with fewer parameters are not wrapped)"
+                )
+            if self.min_num_params == 0:
+                notes.append(
+                    "auto_wrap_policy='size_based_wrap' with min_num_params=0 wraps no submodule "
+                    "(only the root is sharded, as in Accelerate); set min_num_params "
+                    "(fsdp_min_num_params) to shard modules of at least that many parameters"
                 )
         else:
             self.auto_wrap_policy = None

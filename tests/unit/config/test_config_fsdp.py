@@ -356,7 +356,8 @@ def test_size_wrap_binds_min_num_params() -> None:
     plugin = Plugin(auto_wrap_policy="size_based_wrap", min_num_params=10)
     plugin.set_auto_wrap_policy(Net())
     assert plugin.auto_wrap_policy.keywords == {"min_num_params": 10}  # type: ignore[union-attr]
-    plugin = Plugin(auto_wrap_policy="size_based_wrap")
+    with pytest.warns(UserWarning, match=r"min_num_params=0 wraps no submodule"):
+        plugin = Plugin(auto_wrap_policy="size_based_wrap")
     plugin.set_auto_wrap_policy(Net())
     assert plugin.auto_wrap_policy is None
 
