@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from hasten.config import envvars
+from hasten.core.constants import FSDP2_PYTORCH_VERSION
+from hasten.core.versions import is_torch_version
 
 if TYPE_CHECKING:
     import torch
@@ -151,6 +153,14 @@ class FullyShardedDataParallelPlugin:
         if self.fsdp_version not in (1, 2) or isinstance(self.fsdp_version, bool):
             raise ValueError(
                 f"FullyShardedDataParallelPlugin(fsdp_version={self.fsdp_version!r}) must be 1 or 2"
+            )
+        if self.fsdp_version == 2 and not is_torch_version(">=", FSDP2_PYTORCH_VERSION):
+            import torch
+
+            raise ImportError(
+                f"FullyShardedDataParallelPlugin(fsdp_version=2) needs torch >= "
+                f"{FSDP2_PYTORCH_VERSION} (torch.distributed.fsdp.fully_shard); this is torch "
+                f"{torch.__version__}. Upgrade torch or use fsdp_version=1."
             )
 
     def _resolve_sharding(self, notes: list[str]) -> None:

@@ -375,3 +375,16 @@ def test_get_module_class_from_name() -> None:
     assert get_module_class_from_name(Net(), "Linear") is torch.nn.Linear
     assert get_module_class_from_name(Net(), "Net") is Net
     assert get_module_class_from_name(Net(), "Conv2d") is None
+
+
+def test_fsdp_constants_and_the_fsdp2_torch_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hasten.utils import constants
+
+    assert constants.FSDP_MODEL_NAME == "pytorch_model_fsdp"
+    assert (constants.FSDP_PYTORCH_VERSION, constants.FSDP2_PYTORCH_VERSION) == ("2.1.0", "2.6.0")
+    assert constants.FSDP_SHARDING_STRATEGY[0] == "FULL_SHARD"  # index + 1 = torch's enum value
+    assert constants.FSDP2_STATE_DICT_TYPE == ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+    monkeypatch.setattr("hasten.config.fsdp.is_torch_version", lambda op, version: False)
+    with pytest.raises(ImportError, match=r"fsdp_version=2\) needs torch >= 2.6.0.*fsdp_version=1"):
+        Plugin(fsdp_version=2)
+    assert Plugin(fsdp_version=1).fsdp_version == 1

@@ -109,6 +109,8 @@ def test_ignored_modules_by_regex() -> None:
     model = TinyTransformer()
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules="head")
     assert ignored_modules(plugin, model) == [model.head]
+    given = FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules=[model.embed])
+    assert ignored_modules(given, model) == [model.embed]  # modules, as they are
     with pytest.raises(ValueError, match="matches no module name"):
         ignored_modules(
             FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules="nope"), model
