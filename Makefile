@@ -34,10 +34,11 @@ layers: $(STAMP)
 	$(BIN)/lint-imports
 
 # DeepSpeed JIT-builds its shared-memory comm op once (~80 s); build it into the venv (where
-# tests/conftest.py points TORCH_EXTENSIONS_DIR) before the DeepSpeed tests need it.
+# tests/conftest.py points TORCH_EXTENSIONS_DIR) before the DeepSpeed tests need it, with the venv's
+# ninja first on PATH as in tests/conftest.py (another ninja version would rebuild it).
 DS_OPS := $(VENV)/.deepspeed-ops-built
 $(DS_OPS): $(STAMP)
-	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(BIN)/python -c \
+	PATH="$(abspath $(BIN)):$$PATH" TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(BIN)/python -c \
 		"from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	@touch $(DS_OPS)
 

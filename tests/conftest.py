@@ -13,6 +13,13 @@ import pytest
 # DeepSpeed JIT-compiles its shared-memory comm op on first use (~80 s); building it inside the
 # venv means a fresh clone builds it once (`make test` warms it) and every later run reuses it.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# torch runs the first `ninja` on PATH; two ninja versions (the venv's pip one, a system one)
+# write incompatible build logs, so each rebuilds the op the other built (~80 s each time).
+# The venv's bin first (as `make`'s op build does) means one ninja for every test process.
+_VENV_BIN = str(Path(sys.executable).parent)
+_PATH = os.environ.get("PATH", "").split(os.pathsep)
+if (Path(_VENV_BIN) / "ninja").is_file() and _PATH[:1] != [_VENV_BIN]:
+    os.environ["PATH"] = os.pathsep.join([_VENV_BIN, *_PATH])
 
 
 @pytest.fixture(autouse=True)
