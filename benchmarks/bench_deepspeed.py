@@ -1,15 +1,17 @@
 """2-process DeepSpeed ZeRO: hasten's step vs a hand-written ``deepspeed.initialize`` loop;
-save_state vs the engine's own ``save_checkpoint``.
+save_state/load_state vs the engine's own ``save_checkpoint``/``load_checkpoint``.
 
 ``python benchmarks/bench_deepspeed.py [--stage S] [--steps N] [--rounds R] [--width W]
-[--save-rounds R] [--dir D] [--burn N]`` (relaunches itself under torchrun; ``--burn N`` runs N
+[--save-rounds R] [--load-rounds R] [--dir D] [--burn N]`` (relaunches itself under torchrun; ``--burn N`` runs N
 busy processes beside, to measure under load). All loops train the same block model with the
 same ZeRO config and client AdamW in one gloo process group: hasten, the raw engine, and a second
 raw engine whose ratio to the first is the noise floor. Rounds rotate the loops; rank 0 prints
 median/best time per step and the ratios. The checkpoint part times ``save_state`` (engine files
 with hasten's checksums, fsync, RNG files, manifest and atomic publish) against the raw engines'
 ``save_checkpoint`` of the same state (which neither checksums nor fsyncs): a time ratio <= 1.0
-means hasten saves at least as fast.
+means hasten saves at least as fast. The load part times ``load_state`` of that checkpoint (every
+engine file verified against the manifest, plus hasten's RNG files) against the raw engines'
+``load_checkpoint`` of theirs (which verify nothing).
 """
 
 from __future__ import annotations
@@ -114,6 +116,25 @@ def _checkpoints(accelerator: Any, raw: Any, control: Any, rounds: int, root: Pa
     )
 
 
+def _loads(accelerator: Any, raw: Any, control: Any, rounds: int, root: Path) -> None:
+    """load_state of hasten's checkpoint vs load_checkpoint of the raw engines' (saved above)."""
+
+    def loader(engine: Any, name: str) -> Callable[[], None]:
+        return lambda: engine.load_checkpoint(str(root / name), tag="pytorch_model")
+
+    def hasten_load() -> None:
+        accelerator.load_state(str(root / "hasten"))
+
+    loops = {
+        "engine.load_checkpoint": loader(raw, "raw"),
+        "load_state": hasten_load,
+        "raw control": loader(control, "control"),
+    }
+    for loop in loops.values():
+        loop()  # warm: the files are in the page cache for every loop alike
+    report(f"load from {root}", timed(rounds, loops), "engine.load_checkpoint", 1e3, "ms")
+
+
 def _burners(count: int) -> list[subprocess.Popen[bytes]]:
     """``count`` busy processes (rank 0 only), to time the loops on a loaded machine."""
     if count <= 0 or dist.get_rank() != 0:
@@ -159,6 +180,7 @@ def worker(args: argparse.Namespace) -> None:
             root.mkdir(parents=True)
         dist.barrier()
         _checkpoints(accelerator, raw, control, args.save_rounds, root)
+        _loads(accelerator, raw, control, args.load_rounds, root)
         dist.barrier()
         if dist.get_rank() == 0:
             shutil.rmtree(root, ignore_errors=True)
@@ -174,6 +196,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--save-rounds", type=int, default=40)
+    parser.add_argument("--load-rounds", type=int, default=20)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--dir", default=None, help="where checkpoints go (default: the temp dir)")

@@ -7,31 +7,42 @@ asynchronous save the state is copied to host memory instead and written by the 
 Files the engine writes by itself (its ``latest`` tag file, its recovery script, or every file
 of a non-default checkpoint engine) are checksummed and fsynced afterwards (`record_existing`).
 All are listed in the manifest and the folder is published by one rename, so a kill at any
-moment leaves the previous checkpoint loadable. On load, every engine file is verified against
-the manifest (each process a share) before the engine reads any of it.
+moment leaves the previous checkpoint loadable. On load (`EngineReads`), every engine file is
+verified against the manifest before the engine reads any of it, each by a process that reads it
+anyway: the engine then parses the very bytes that were checked, so each file is read once.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from types import TracebackType
+from typing import Any, BinaryIO, Protocol, cast
 
 from hasten.checkpointing import checksum
-from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory, fsync_path
+from hasten.checkpointing.io import (
+    EarlyWriteback,
+    ViewFile,
+    file_threads,
+    fsync_directory,
+    fsync_path,
+)
 from hasten.checkpointing.manifest import ChecksumWriter, CorruptCheckpointError, FileRecord
+from hasten.checkpointing.reader import Buffer, map_verified, read_threads
 
 __all__ = [
     "EngineCheckpoint",
     "EngineFiles",
+    "EngineReads",
     "engine_file_names",
+    "files_to_verify",
     "hash_existing",
     "record_existing",
     "subdirectories",
     "sync_directories",
-    "verify_existing",
 ]
 
 _READ_BYTES = 16 << 20
@@ -44,8 +55,14 @@ class EngineCheckpoint(Protocol):
         """Write the engine state into ``folder`` (every process together), via ``files``."""
         ...
 
-    def load_checkpoint(self, folder: Path, strict: bool = True) -> None:
-        """Restore the engine state from ``folder`` (every process together)."""
+    def load_checkpoint(
+        self, folder: Path, strict: bool = True, files: EngineReads | None = None
+    ) -> None:
+        """Restore the engine state from ``folder`` (every process together), via ``files``."""
+        ...
+
+    def file_readers(self, name: str, num_processes: int) -> Collection[int]:
+        """The processes whose engine reads the file ``name`` through ``files`` (none: unknown)."""
         ...
 
 
@@ -189,21 +206,87 @@ def sync_directories(folder: Path, names: list[str]) -> None:
         fsync_directory(parent)
 
 
-def verify_existing(folder: Path, manifest: dict[str, Any], names: list[str]) -> None:
-    """Check ``names`` against the manifest's sizes and block checksums.
+def files_to_verify(
+    names: list[str],
+    index: int,
+    count: int,
+    readers: Callable[[str, int], Collection[int]],
+) -> list[str]:
+    """The engine files process ``index`` of ``count`` verifies before the engine loads.
 
-    Raises:
-        CorruptCheckpointError: a file is not listed, or its size or a block differs.
+    Those its own engine will read (so it reads each once, see `EngineReads`), and a share of
+    those no process's engine reads through hasten; every file is thus checked by someone.
     """
-    block_bytes = int(manifest["block_bytes"])
-    for name in names:
-        record = manifest["files"].get(name)
-        path = folder / name
-        if record is None:
-            raise CorruptCheckpointError(f"{path} is not listed in the checkpoint manifest.")
-        size, digests = _hash(path, block_bytes)
-        if size != record.size or tuple(digests) != record.blocks:
+    mine = [n for n in names if index in readers(n, count)]
+    unread = [n for n in names if not readers(n, count)]
+    return mine + unread[index::count]
+
+
+class EngineReads:
+    """The engine files one process verifies before a load and then hands the engine to parse.
+
+    `verify` maps each file and checks its blocks against the manifest from the map (hashed on
+    the read threads); the engine's loads then parse those same pages through `read`, so no file
+    is read a second time and nothing is parsed before every process's files were checked. Use
+    it as a context manager: leaving it unmaps what the engine did not read.
+
+    Args:
+        folder: the checkpoint folder.
+        manifest: its manifest.
+    """
+
+    def __init__(self, folder: Path, manifest: dict[str, Any]) -> None:
+        self.folder = Path(folder)
+        self.manifest = manifest
+        self._verified: dict[str, Buffer] = {}
+
+    def __enter__(self) -> EngineReads:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        verified, self._verified = self._verified, {}
+        for data in verified.values():
+            _close(data)
+
+    def verify(self, names: list[str]) -> None:
+        """Check ``names`` against the manifest, keeping them mapped for `read`.
+
+        Raises:
+            CorruptCheckpointError: a file is not listed, or its size or a block differs.
+        """
+        for name in names:
+            self._verified[name] = map_verified(self.folder, name, self.manifest, read_threads())
+
+    def read(self, path: str, load: Callable[[BinaryIO], Any]) -> Any:
+        """``load(file)`` of the engine file ``path``, over its verified bytes.
+
+        A file `verify` did not map (one this process was not expected to read) is verified now.
+
+        Raises:
+            CorruptCheckpointError: the file is outside the checkpoint, not listed, or damaged.
+        """
+        name = os.path.relpath(os.path.abspath(path), self.folder.absolute())
+        if name.startswith(os.pardir) or os.path.isabs(name):
             raise CorruptCheckpointError(
-                f"{path} is damaged: its contents do not match the checksums in the manifest. "
-                "Load an earlier checkpoint."
+                f"{path} is not part of the checkpoint {self.folder}, so it is not verified."
             )
+        data = self._verified.pop(name, None)
+        if data is None:
+            data = map_verified(self.folder, name, self.manifest, read_threads())
+        try:
+            return load(cast(BinaryIO, ViewFile(memoryview(data), name=str(path))))
+        finally:
+            _close(data)
+
+
+def _close(data: Buffer) -> None:
+    if isinstance(data, mmap.mmap):
+        try:
+            data.close()
+        except BufferError:  # something still holds a view: unmapped once it is gone
+            pass

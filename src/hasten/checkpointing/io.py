@@ -111,13 +111,17 @@ class ViewFile(io.RawIOBase):
     """A read-only seekable file over bytes in memory (a buffer or a map), for torch's readers.
 
     DCP's readers and torch's zip reader take file objects; this one serves them from memory
-    without a copy.
+    without a copy. ``name`` (the file's path, say) is what the object prints as, in messages.
     """
 
-    def __init__(self, view: memoryview) -> None:
+    def __init__(self, view: memoryview, name: str | None = None) -> None:
         super().__init__()
         self._view = view
         self._pos = 0
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name if self._name is not None else super().__repr__()
 
     @property
     def view(self) -> memoryview:

@@ -5,7 +5,8 @@ right after it is read, while it is still in cache. Large files go straight to w
 tensors will live (`hasten.checkpointing.scatter`); the rest, and files bound for another
 device, go whole into fresh host memory and are handed on only once every block matches.
 Tensors are views of that memory (safetensors through `tensors_from_safetensors`, pickles
-through `unpickle_buffer`): no second copy.
+through `unpickle_buffer`): no second copy. Every load shares one pool of read threads per
+process (`read_threads`), started on first use.
 """
 
 from __future__ import annotations
@@ -15,21 +16,32 @@ import io
 import mmap
 import os
 import pickle
+import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
 import torch
 
+from hasten.checkpointing.checksum import block_digest
 from hasten.checkpointing.io import in_place_loader, load, refuse_unsafe
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 from hasten.checkpointing.plain_pickle import PLAIN_PICKLE
 from hasten.checkpointing.scatter import check_blocks, place_tensors, submit_blocks
 from hasten.checkpointing.tensors import tensors_from_safetensors
 
-__all__ = ["CheckpointReader", "PendingRead", "host_buffer", "read_verified", "unpickle_buffer"]
+__all__ = [
+    "Buffer",
+    "CheckpointReader",
+    "PendingRead",
+    "host_buffer",
+    "map_verified",
+    "read_threads",
+    "read_verified",
+    "unpickle_buffer",
+]
 
 Buffer = bytearray | mmap.mmap
 
@@ -75,7 +87,7 @@ def read_verified(
     folder: Path,
     name: str,
     manifest: dict[str, Any] | None,
-    pool: ThreadPoolExecutor | None = None,
+    pool: Executor | None = None,
 ) -> Buffer:
     """Read ``folder/name`` whole into fresh host memory, checking every block's checksum.
 
@@ -100,6 +112,59 @@ def read_verified(
         finally:
             view.release()
     return buffer
+
+
+def map_verified(
+    folder: Path, name: str, manifest: dict[str, Any], pool: Executor | None = None
+) -> Buffer:
+    """Map ``folder/name`` read-only and check every block's checksum straight from the map.
+
+    The file is read once, into the page cache, and the map then serves whoever parses it (for
+    an engine's ``torch.load``) without a private copy of the bytes. With ``pool`` the blocks
+    are hashed on its threads in parallel. Close the map when done.
+
+    Raises:
+        CorruptCheckpointError: the file is not in the manifest, has the wrong size, or a block
+            does not match (the message names the file).
+    """
+    path = folder / name
+    with open(path, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        expected = _expected(path, name, size, manifest)
+        if size == 0:
+            return bytearray()
+        mapping = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+    try:
+        if hasattr(mmap, "MADV_WILLNEED"):
+            mapping.madvise(mmap.MADV_WILLNEED)  # read ahead while the first blocks hash
+        if expected is not None:
+            _check_mapped(path, mapping, int(manifest["block_bytes"]), expected, pool)
+    except BaseException:
+        mapping.close()
+        raise
+    return mapping
+
+
+def _check_mapped(
+    path: Path, data: mmap.mmap, block_bytes: int, expected: FileRecord, pool: Executor | None
+) -> None:
+    view = memoryview(data)
+
+    def matches(index: int) -> bool:
+        block = view[index * block_bytes : (index + 1) * block_bytes]
+        return block_digest(block) == expected.blocks[index]
+
+    try:
+        count = len(expected.blocks)
+        if pool is None or count < 2:
+            blocks: list[Future[bool]] = [Future() for _ in range(count)]
+            for index, block in enumerate(blocks):
+                block.set_result(matches(index))
+        else:
+            blocks = [pool.submit(matches, index) for index in range(count)]
+        check_blocks(path, blocks)
+    finally:
+        view.release()
 
 
 def _block_bytes(manifest: dict[str, Any] | None) -> int:
@@ -140,8 +205,50 @@ def unpickle_buffer(buffer: Buffer, map_location: Any = None, source: object = N
     return load(io.BytesIO(buffer), map_location=map_location) if loaded is None else loaded
 
 
-def _read_threads() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def read_threads() -> ThreadPoolExecutor:
+    """The threads every checkpoint load of this process reads and hashes blocks on.
+
+    Started on first use and kept (a thread start per load cost more than a small load's
+    reads); a forked child starts its own. Tasks only read and hash, never wait for other tasks,
+    so loads running at once (a load from an asynchronous save's thread, say) share it safely.
+    Python joins its idle threads at exit.
+    """
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            workers = max(1, min(8, os.cpu_count() or 1))
+            _pool = ThreadPoolExecutor(workers, thread_name_prefix="hasten-read")
+        return _pool
+
+
+def _forget_pool() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+class _Tasks(Executor):
+    """The shared read threads as one reader uses them: it waits for its own tasks at the end."""
+
+    def __init__(self, pool: Executor) -> None:
+        self._pool = pool
+        self._futures: list[Future[Any]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future = self._pool.submit(fn, *args, **kwargs)
+        self._futures.append(future)
+        return future
+
+    def wait(self) -> None:
+        """Wait for every task this reader queued (their files may close after)."""
+        futures, self._futures = self._futures, []
+        wait(futures)
 
 
 class PendingRead:
@@ -166,15 +273,16 @@ class PendingRead:
 class CheckpointReader:
     """The files of one checkpoint folder, read in parallel and verified against its manifest.
 
-    Use it as a context manager: it owns the read threads for the duration of one load. The
-    ``start_*`` methods return as soon as a large file is parsed and its blocks are queued, so
-    the caller can parse the next file while the threads read this one.
+    Use it as a context manager: leaving it waits for the blocks it queued on the read threads
+    (`read_threads`) and closes its files. The ``start_*`` methods return as soon as a large
+    file is parsed and its blocks are queued, so the caller can parse the next file while the
+    threads read this one.
     """
 
     def __init__(self, folder: Path, manifest: dict[str, Any] | None) -> None:
         self.folder = folder
         self.manifest = manifest
-        self._pool = ThreadPoolExecutor(_read_threads(), thread_name_prefix="hasten-read")
+        self._pool = _Tasks(read_threads())
         self._open: list[BinaryIO] = []
 
     def __enter__(self) -> CheckpointReader:
@@ -186,7 +294,7 @@ class CheckpointReader:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        self._pool.shutdown(wait=True)  # reads still queued finish before their files close
+        self._pool.wait()  # reads still queued finish before their files close
         for handle in self._open:
             handle.close()
 

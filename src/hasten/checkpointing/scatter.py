@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,7 +209,7 @@ def submit_blocks(
     pieces: list[tuple[int, memoryview]],
     block_bytes: int,
     expected: FileRecord | None,
-    pool: ThreadPoolExecutor | None,
+    pool: Executor | None,
 ) -> list[Future[bool]]:
     """Queue reading the whole file into ``pieces`` (and scratch), one block per task.
 

@@ -28,7 +28,12 @@ from typing import Any, cast
 import torch
 
 from hasten.checkpointing import layout
-from hasten.checkpointing.engine import EngineCheckpoint, EngineFiles, verify_existing
+from hasten.checkpointing.engine import (
+    EngineCheckpoint,
+    EngineFiles,
+    EngineReads,
+    files_to_verify,
+)
 from hasten.checkpointing.io import load, save
 from hasten.checkpointing.layout import custom_object_file
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
@@ -341,8 +346,14 @@ def finish_async_save(pending: PendingSave) -> Path:
     return pending.plan.final
 
 
-def _agree_on_outcome(state: PartialState, error: BaseException | None) -> None:
-    """Wait for every process; if another one failed to save, raise here too (naming it).
+def _agree_on_outcome(
+    state: PartialState,
+    error: BaseException | None,
+    outcome: str = "The checkpoint was not published",
+) -> None:
+    """Wait for every process; if another one failed (to save, to verify), raise here too.
+
+    The message starts with ``outcome`` and names each failed process and its error.
 
     The exchange doubles as the barrier after publishing, so a failure on one process never
     leaves the others blocked in a later collective.
@@ -356,7 +367,7 @@ def _agree_on_outcome(state: PartialState, error: BaseException | None) -> None:
     mine = [f"process {state.process_index}: {error}"] if error is not None else []
     failures = [f for f in gather_object(mine) if f not in mine]
     if failures and error is None:
-        raise RuntimeError("The checkpoint was not published: " + "; ".join(failures))
+        raise RuntimeError(f"{outcome}: " + "; ".join(failures))
 
 
 def _warn_or_raise(part: str, exc: BaseException, strict: bool) -> None:
@@ -573,22 +584,31 @@ def _restore(
 def _engine_load(
     engine: EngineCheckpoint, folder: Path, manifest: dict[str, Any] | None, strict: bool
 ) -> None:
-    """Verify every engine file (each process a share), then let the engine load them."""
+    """Verify every engine file, then let the engine load them (each file read once).
+
+    Each process checks the files its engine will read (and a share of the rest) and keeps them
+    mapped for the engine's loads (`EngineReads`); all agree on the outcome first, so a damaged
+    file is refused on every process before any is parsed.
+    """
+    if manifest is None:  # strict=False: nothing to verify against
+        engine.load_checkpoint(folder, strict=strict)
+        return
     state = PartialState()
-    error: BaseException | None = None
-    if manifest is not None:
-        names = [n for n in manifest["files"] if os.sep in n or "/" in n]
+    names = [n for n in manifest["files"] if os.sep in n or "/" in n]
+    mine = files_to_verify(names, state.process_index, state.num_processes, engine.file_readers)
+    with EngineReads(folder, manifest) as files:
+        error: BaseException | None = None
         try:
-            verify_existing(folder, manifest, names[state.process_index :: state.num_processes])
+            files.verify(mine)
         except (CorruptCheckpointError, OSError) as exc:
             error = exc
-    try:
-        _agree_on_outcome(state, error)
-    except RuntimeError as exc:
-        raise CorruptCheckpointError(str(exc)) from exc
-    if error is not None:
-        raise error
-    engine.load_checkpoint(folder, strict=strict)
+        try:
+            _agree_on_outcome(state, error, "The checkpoint was not loaded")
+        except RuntimeError as exc:
+            raise CorruptCheckpointError(str(exc)) from exc
+        if error is not None:
+            raise error
+        engine.load_checkpoint(folder, strict=strict, files=files)
 
 
 def _start_part(

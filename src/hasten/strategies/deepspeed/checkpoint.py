@@ -1,26 +1,33 @@
-"""DeepSpeed's checkpoint files written through hasten's writer during `save_state`.
+"""DeepSpeed's checkpoint files written and read through hasten during `save_state`/`load_state`.
 
 A DeepSpeed engine serialises every checkpoint file through its pluggable checkpoint engine
-(``engine.checkpoint_engine.save(state_dict, path)``). `HastenCheckpointEngine` wraps the
-engine's own `TorchCheckpointEngine`: while hasten saves, each file goes to the `EngineFileSink`
-hasten passes in (which hashes the bytes as they are written and fsyncs off the training thread,
-or copies the state to host memory for an asynchronous save), so nothing is read back to be
-checksummed. Outside `save_state` (a direct ``engine.save_checkpoint``) and for loading it is
-the engine's own.
+(``engine.checkpoint_engine.save(state_dict, path)``) and reads them back through it
+(``load(path, map_location)``). `HastenCheckpointEngine` wraps the engine's own
+`TorchCheckpointEngine`: while hasten saves, each file goes to the `EngineFileSink` hasten passes
+in (which hashes the bytes as they are written and fsyncs off the training thread, or copies the
+state to host memory for an asynchronous save), so nothing is read back to be checksummed. While
+hasten loads, each file comes from the `EngineFileSource` (its bytes already checked against the
+manifest) and is parsed by the wrapped engine's own ``load``, so each file is read once and
+DeepSpeed's loading (``torch.load`` with ``weights_only=False``: its files hold its config and
+other objects) is unchanged. Outside `save_state`/`load_state` (a direct
+``engine.save_checkpoint``/``load_checkpoint``) it is the engine's own.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, BinaryIO, Protocol
 
 import torch
 
 __all__ = [
     "EngineFileSink",
+    "EngineFileSource",
     "HastenCheckpointEngine",
     "check_checkpoint_engine",
+    "file_readers",
     "install_checkpoint_engine",
 ]
 
@@ -33,11 +40,20 @@ class EngineFileSink(Protocol):
         ...
 
 
-class HastenCheckpointEngine:
-    """The engine's `TorchCheckpointEngine`, writing through hasten's sink while one is set.
+class EngineFileSource(Protocol):
+    """Where hasten gives the engine its files during a load (``checkpointing.engine``)."""
 
-    Every other method (``create``, ``commit``, ``load``, ``makedirs``, ...) is the wrapped
-    engine's, so DeepSpeed's save and load logic is unchanged.
+    def read(self, path: str, load: Callable[[BinaryIO], Any]) -> Any:
+        """``load(file)`` of the file ``path``, over its bytes verified against the manifest."""
+        ...
+
+
+class HastenCheckpointEngine:
+    """The engine's `TorchCheckpointEngine`, writing to hasten's sink and reading from its
+    source while they are set.
+
+    Every other method (``create``, ``commit``, ``makedirs``, ...) is the wrapped engine's, and
+    the files are parsed by its ``load``, so DeepSpeed's save and load logic is unchanged.
 
     Args:
         inner: the checkpoint engine `deepspeed.initialize` created.
@@ -46,6 +62,7 @@ class HastenCheckpointEngine:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.sink: EngineFileSink | None = None
+        self.source: EngineFileSource | None = None
         self._zipfile = bool(getattr(inner, "zipfile_serialization", True))
 
     def __getattr__(self, name: str) -> Any:
@@ -64,6 +81,13 @@ class HastenCheckpointEngine:
         # the same bytes DeepSpeed's TorchCheckpointEngine writes
         torch.save(obj, handle, _use_new_zipfile_serialization=self._zipfile)
 
+    def load(self, path: str, map_location: Any = None) -> Any:
+        """Read one checkpoint file (from the source during `load_state`)."""
+        if self.source is None:
+            return self.inner.load(path, map_location)
+        # the engine's own load parses the verified bytes (a file object torch.load takes)
+        return self.source.read(str(path), lambda handle: self.inner.load(handle, map_location))
+
     @contextlib.contextmanager
     def writing_to(self, sink: EngineFileSink | None) -> Iterator[None]:
         """Route the files of the enclosed ``save_checkpoint`` to ``sink``."""
@@ -72,6 +96,37 @@ class HastenCheckpointEngine:
             yield
         finally:
             self.sink = None
+
+    @contextlib.contextmanager
+    def reading_from(self, source: EngineFileSource | None) -> Iterator[None]:
+        """Take the files of the enclosed ``load_checkpoint`` from ``source``."""
+        self.source = source
+        try:
+            yield
+        finally:
+            self.source = None
+
+
+# The files of one ZeRO partition (``[bf16_]zero_pp_rank_<r>_mp_rank_<m>_{model,optim}_states.pt``,
+# read by data-parallel rank r) and the replicated model file (``mp_rank_<m>_model_states.pt``,
+# read by every process), as DeepSpeed names them.
+_PARTITION = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_(?:model|optim)_states\.pt")
+_REPLICATED = re.compile(r"mp_rank_\d+_model_states\.pt")
+
+
+def file_readers(basename: str, num_processes: int) -> Collection[int]:
+    """The processes whose engine reads the checkpoint file ``basename`` when each process is
+    one data-parallel rank; empty for files DeepSpeed's name does not tell (experts, scripts).
+
+    Only a prediction: a file read by another process is still verified when it is read.
+    """
+    partition = _PARTITION.fullmatch(basename)
+    if partition is not None:
+        rank = int(partition.group(1))
+        return (rank,) if rank < num_processes else ()
+    if _REPLICATED.fullmatch(basename) is not None:
+        return range(num_processes)
+    return ()
 
 
 def install_checkpoint_engine(engine: Any) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import sys
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,10 @@ from hasten.state import GradientState, PartialState
 from hasten.strategies.base import BackwardFn, ModulePreparer, Strategy
 from hasten.strategies.deepspeed.checkpoint import (
     EngineFileSink,
+    EngineFileSource,
     HastenCheckpointEngine,
     check_checkpoint_engine,
+    file_readers,
     install_checkpoint_engine,
 )
 from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
@@ -397,8 +400,13 @@ class DeepSpeedStrategy(Strategy):
             with route:
                 engine.save_checkpoint(str(folder), tag=engine_tag(index))
 
-    def load_checkpoint(self, folder: Path, strict: bool = True) -> None:
+    def load_checkpoint(
+        self, folder: Path, strict: bool = True, files: EngineFileSource | None = None
+    ) -> None:
         """Every engine loads its checkpoint (module, optimizer, scheduler, step counters).
+
+        Each file comes from ``files`` (verified bytes) when given and the engine uses
+        DeepSpeed's default checkpoint engine; other checkpoint engines read their own files.
 
         Raises:
             FileNotFoundError: an engine's tag folder is missing (another model/engine count).
@@ -410,11 +418,31 @@ class DeepSpeedStrategy(Strategy):
                     f"{folder} holds no DeepSpeed checkpoint {tag!r} for prepared engine "
                     f"{index}; load a checkpoint saved with the same models prepared."
                 )
-            path, _ = engine.load_checkpoint(
-                str(folder), tag=tag, load_module_strict=strict, load_lr_scheduler_states=True
+            reader = engine.checkpoint_engine
+            route = (
+                reader.reading_from(files)
+                if isinstance(reader, HastenCheckpointEngine)
+                else contextlib.nullcontext()
             )
+            with route:
+                path, _ = engine.load_checkpoint(
+                    str(folder), tag=tag, load_module_strict=strict, load_lr_scheduler_states=True
+                )
             if path is None:
                 raise RuntimeError(f"DeepSpeed could not load {folder / tag}.")
+
+    def file_readers(self, name: str, num_processes: int) -> Collection[int]:
+        """The processes whose engine reads the checkpoint file ``name`` (relative to the
+        folder) through hasten's checkpoint engine; empty when not known."""
+        tag, _, basename = name.replace(os.sep, "/").partition("/")
+        hasten_read = {
+            engine_tag(i)
+            for i, e in enumerate(self.engines)
+            if isinstance(e.checkpoint_engine, HastenCheckpointEngine)
+        }
+        if tag not in hasten_read or "/" in basename:
+            return ()
+        return file_readers(basename, num_processes)
 
     @override
     def release(self) -> None:
