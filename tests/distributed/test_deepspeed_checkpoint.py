@@ -1,9 +1,9 @@
 """DeepSpeed checkpoints inside hasten's staged, verified folders: exact resume, kill -9, export.
 
 The engine's files (each process its ZeRO partition) go through hasten's writer while it saves;
-hasten lists them in the manifest, publishes the folder atomically, and verifies them before the
-engine reads them. Asynchronous saves, saves mid-cycle and a process failing to write are
-covered too.
+hasten lists them in the manifest, publishes the folder atomically, and on load verifies each (read
+once) before the engine parses any. Asynchronous saves, saves mid-cycle and a process failing to
+write are covered too.
 """
 
 from __future__ import annotations
@@ -178,29 +178,93 @@ def test_kill_9_during_save_state_leaves_the_previous_checkpoint_loadable(tmp_pa
         assert torch.equal(torch.from_numpy(loaded[key]), value), key
 
 
-def _load_expecting_corruption(folder: str) -> str:
+def _count_reads(folder: str, counts: dict[str, int], load: Any) -> None:
+    """Run ``load``, counting in ``counts`` each engine file of ``folder`` it opened (or
+    torch.load-ed by path), and under "torch.load" every torch.load call."""
+    import builtins
+    import io
+
+    root = os.path.realpath(folder)
+
+    def note(path: Any) -> None:
+        if isinstance(path, (str, os.PathLike)):
+            name = os.path.relpath(os.path.realpath(os.fspath(path)), root)
+            if not name.startswith(os.pardir) and os.sep in name:  # inside a tag folder
+                counts[name] = counts.get(name, 0) + 1
+
+    real_open, real_os_open, real_load = builtins.open, os.open, torch.load
+
+    def counting_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        note(file)
+        return real_open(file, *args, **kwargs)
+
+    def counting_os_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        note(path)
+        return real_os_open(path, *args, **kwargs)
+
+    def counting_load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        note(f)
+        counts["torch.load"] = counts.get("torch.load", 0) + 1
+        return real_load(f, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        for owner in (builtins, io):
+            patch.setattr(owner, "open", counting_open)
+        patch.setattr(os, "open", counting_os_open)
+        patch.setattr(torch, "load", counting_load)
+        load()
+
+
+def _reload_once_then_refuse_damage(folder: str) -> dict[str, Any]:
+    """ZeRO-2: save, train on, load_state (counting file reads), train again; then damage a
+    file only process 1's engine reads and load again."""
     from hasten.checkpointing.manifest import CorruptCheckpointError
+    from hasten.state import PartialState
 
-    accelerator, *_ = _setup(2)
-    with pytest.raises(CorruptCheckpointError) as caught:
-        accelerator.load_state(folder)
-    return str(caught.value)
-
-
-def _save_only(folder: str) -> None:
-    accelerator, *_ = _setup(2)
+    accelerator, model, optimizer, loader, _ = _setup(2)
+    batches = iter(loader)
+    _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
     accelerator.save_state(folder)
+    after_save = _micro_steps(accelerator, model, optimizer, [next(batches) for _ in range(4)])
+    reads: dict[str, int] = {}
+    _count_reads(folder, reads, lambda: accelerator.load_state(folder))
+    reads.pop("torch.load", None)
+    resumed = iter(loader)  # at the saved position again
+    after_load = _micro_steps(accelerator, model, optimizer, [next(resumed) for _ in range(4)])
+    accelerator.wait_for_everyone()
+    if PartialState().is_main_process:
+        target = Path(folder) / "pytorch_model" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.write_bytes(bytes(data))
+    accelerator.wait_for_everyone()
+    refused_reads: dict[str, int] = {}
+    with pytest.raises(CorruptCheckpointError) as refused:
+        _count_reads(folder, refused_reads, lambda: accelerator.load_state(folder))
+    return {
+        "after_save": after_save,
+        "after_load": after_load,
+        "reads": reads,
+        "refused": str(refused.value),
+        "parsed_when_refused": refused_reads.get("torch.load", 0),
+    }
 
 
-def test_a_damaged_engine_file_is_refused_before_the_engine_reads_it(tmp_path: Path) -> None:
-    folder = tmp_path / "ckpt"
-    run_distributed(_save_only, str(folder), world_size=2, timeout=240)
-    target = folder / "pytorch_model" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    data = bytearray(target.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    target.write_bytes(bytes(data))
-    messages = run_distributed(_load_expecting_corruption, str(folder), world_size=2, timeout=240)
-    assert any("zero_pp_rank_1_mp_rank_00_optim_states.pt" in m for m in messages)
+def test_load_state_reads_each_engine_file_once_and_refuses_a_damaged_one_everywhere(
+    tmp_path: Path,
+) -> None:
+    folder = str(tmp_path / "ckpt")
+    runs = run_distributed(_reload_once_then_refuse_damage, folder, world_size=2, timeout=240)
+    for rank, run in enumerate(runs):
+        assert run["after_load"] == run["after_save"]  # bitwise: ZeRO-2 state restored exactly
+        # each file the engine needs is read once, by the process that needs it, no other file
+        assert run["reads"] == {
+            os.path.join("pytorch_model", "mp_rank_00_model_states.pt"): 1,
+            os.path.join("pytorch_model", f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"): 1,
+        }
+        # only process 1 reads the damaged file; both refuse it, naming it, before parsing any
+        assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in run["refused"]
+        assert run["parsed_when_refused"] == 0
 
 
 def _failing_serializer(obj: Any, handle: Any) -> None:

@@ -32,6 +32,7 @@ from hasten.checkpointing.io import (
 )
 from hasten.checkpointing.manifest import ChecksumWriter, CorruptCheckpointError, FileRecord
 from hasten.checkpointing.reader import Buffer, map_verified, read_threads
+from hasten.state import PartialState
 
 __all__ = [
     "EngineCheckpoint",
@@ -40,6 +41,7 @@ __all__ = [
     "engine_file_names",
     "files_to_verify",
     "hash_existing",
+    "load_engine_checkpoint",
     "record_existing",
     "subdirectories",
     "sync_directories",
@@ -228,7 +230,7 @@ class EngineReads:
     `verify` maps each file and checks its blocks against the manifest from the map (hashed on
     the read threads); the engine's loads then parse those same pages through `read`, so no file
     is read a second time and nothing is parsed before every process's files were checked. Use
-    it as a context manager: leaving it unmaps what the engine did not read.
+    it as a context manager: leaving it unmaps the files.
 
     Args:
         folder: the checkpoint folder.
@@ -266,6 +268,7 @@ class EngineReads:
         """``load(file)`` of the engine file ``path``, over its verified bytes.
 
         A file `verify` did not map (one this process was not expected to read) is verified now.
+        A file read again (DeepSpeed parses its model file twice) comes from the same pages.
 
         Raises:
             CorruptCheckpointError: the file is outside the checkpoint, not listed, or damaged.
@@ -275,13 +278,15 @@ class EngineReads:
             raise CorruptCheckpointError(
                 f"{path} is not part of the checkpoint {self.folder}, so it is not verified."
             )
-        data = self._verified.pop(name, None)
+        data = self._verified.get(name)
         if data is None:
             data = map_verified(self.folder, name, self.manifest, read_threads())
+            self._verified[name] = data
+        view = memoryview(data)
         try:
-            return load(cast(BinaryIO, ViewFile(memoryview(data), name=str(path))))
+            return load(cast(BinaryIO, ViewFile(view, name=str(path))))
         finally:
-            _close(data)
+            view.release()
 
 
 def _close(data: Buffer) -> None:
@@ -290,3 +295,35 @@ def _close(data: Buffer) -> None:
             data.close()
         except BufferError:  # something still holds a view: unmapped once it is gone
             pass
+
+
+def load_engine_checkpoint(
+    engine: EngineCheckpoint,
+    folder: Path,
+    manifest: dict[str, Any] | None,
+    strict: bool,
+    agree: Callable[[BaseException | None], None],
+) -> None:
+    """Verify every engine file, then let the engine load them, each file read once.
+
+    Each process checks the files its engine will read (and a share of the rest) and keeps them
+    mapped for the engine's loads (`EngineReads`). ``agree(error)`` (a collective: every process
+    calls it) raises on every process if any failed, so a damaged file is refused everywhere
+    before anything is parsed.
+    """
+    if manifest is None:  # strict=False: nothing to verify against
+        engine.load_checkpoint(folder, strict=strict)
+        return
+    state = PartialState()
+    names = [n for n in manifest["files"] if os.sep in n or "/" in n]
+    mine = files_to_verify(names, state.process_index, state.num_processes, engine.file_readers)
+    with EngineReads(folder, manifest) as files:
+        error: BaseException | None = None
+        try:
+            files.verify(mine)
+        except (CorruptCheckpointError, OSError) as exc:
+            error = exc
+        agree(error)
+        if error is not None:
+            raise error
+        engine.load_checkpoint(folder, strict=strict, files=files)

@@ -28,12 +28,7 @@ from typing import Any, cast
 import torch
 
 from hasten.checkpointing import layout
-from hasten.checkpointing.engine import (
-    EngineCheckpoint,
-    EngineFiles,
-    EngineReads,
-    files_to_verify,
-)
+from hasten.checkpointing.engine import EngineCheckpoint, EngineFiles, load_engine_checkpoint
 from hasten.checkpointing.io import load, save
 from hasten.checkpointing.layout import custom_object_file
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
@@ -353,8 +348,6 @@ def _agree_on_outcome(
 ) -> None:
     """Wait for every process; if another one failed (to save, to verify), raise here too.
 
-    The message starts with ``outcome`` and names each failed process and its error.
-
     The exchange doubles as the barrier after publishing, so a failure on one process never
     leaves the others blocked in a later collective.
     """
@@ -521,7 +514,7 @@ def load_contents(
     _check_counts(folder, contents)
     self_writing = _self_writing_engine(contents)
     if self_writing is not None:
-        _engine_load(self_writing, folder, manifest, strict)
+        load_engine_checkpoint(self_writing, folder, manifest, strict, _agree_on_load)
     engine = contents.engine if contents.engine is not None else Strategy()
     prepared = contents.prepared_models or contents.models
     dcp_models = [i for i in range(len(prepared)) if (folder / sharded_model_dir(i)).is_dir()]
@@ -581,34 +574,12 @@ def _restore(
     target.load_state_dict(state)
 
 
-def _engine_load(
-    engine: EngineCheckpoint, folder: Path, manifest: dict[str, Any] | None, strict: bool
-) -> None:
-    """Verify every engine file, then let the engine load them (each file read once).
-
-    Each process checks the files its engine will read (and a share of the rest) and keeps them
-    mapped for the engine's loads (`EngineReads`); all agree on the outcome first, so a damaged
-    file is refused on every process before any is parsed.
-    """
-    if manifest is None:  # strict=False: nothing to verify against
-        engine.load_checkpoint(folder, strict=strict)
-        return
-    state = PartialState()
-    names = [n for n in manifest["files"] if os.sep in n or "/" in n]
-    mine = files_to_verify(names, state.process_index, state.num_processes, engine.file_readers)
-    with EngineReads(folder, manifest) as files:
-        error: BaseException | None = None
-        try:
-            files.verify(mine)
-        except (CorruptCheckpointError, OSError) as exc:
-            error = exc
-        try:
-            _agree_on_outcome(state, error, "The checkpoint was not loaded")
-        except RuntimeError as exc:
-            raise CorruptCheckpointError(str(exc)) from exc
-        if error is not None:
-            raise error
-        engine.load_checkpoint(folder, strict=strict, files=files)
+def _agree_on_load(error: BaseException | None) -> None:
+    """Every process learns whether any could not verify its engine files (see _agree_on_outcome)."""
+    try:
+        _agree_on_outcome(PartialState(), error, "The checkpoint was not loaded")
+    except RuntimeError as exc:
+        raise CorruptCheckpointError(str(exc)) from exc
 
 
 def _start_part(

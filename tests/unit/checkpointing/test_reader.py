@@ -5,9 +5,13 @@ from __future__ import annotations
 import gc
 import io
 import mmap
+import os
 import pickle
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +31,8 @@ from hasten.checkpointing.manifest import (
 from hasten.checkpointing.reader import (
     CheckpointReader,
     host_buffer,
+    map_verified,
+    read_threads,
     read_verified,
     unpickle_buffer,
 )
@@ -78,8 +84,9 @@ def _one_file(folder: Path, payload: bytes) -> dict:
 
 @pytest.mark.parametrize("size", [0, 5, 4096 * 3 + 123])
 @pytest.mark.parametrize("threads", [0, 2])
+@pytest.mark.parametrize("read", [read_verified, map_verified])
 def test_read_verified_returns_the_bytes_and_names_a_damaged_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, threads: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, threads: int, read: Any
 ) -> None:
     monkeypatch.setattr(checksum, "BLOCK_BYTES", 4096)
     payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
@@ -87,7 +94,7 @@ def test_read_verified_returns_the_bytes_and_names_a_damaged_file(
     assert manifest["block_bytes"] == 4096
     pool = ThreadPoolExecutor(threads) if threads else None
     try:
-        assert bytes(read_verified(tmp_path / "c", "big.bin", manifest, pool)) == payload
+        assert bytes(read(tmp_path / "c", "big.bin", manifest, pool)) == payload
         if size:
             damaged = bytearray(payload)
             damaged[-1] ^= 0xFF
@@ -96,7 +103,7 @@ def test_read_verified_returns_the_bytes_and_names_a_damaged_file(
             with pytest.raises(
                 CorruptCheckpointError, match=rf"big\.bin is corrupted: block {last}"
             ):
-                read_verified(tmp_path / "c", "big.bin", manifest, pool)
+                read(tmp_path / "c", "big.bin", manifest, pool)
             # without a manifest (strict=False) the bytes come back unverified
             assert bytes(read_verified(tmp_path / "c", "big.bin", None, pool)) == bytes(damaged)
     finally:
@@ -104,14 +111,15 @@ def test_read_verified_returns_the_bytes_and_names_a_damaged_file(
             pool.shutdown()
 
 
-def test_read_verified_refuses_unlisted_and_resized_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("read", [read_verified, map_verified])
+def test_read_verified_refuses_unlisted_and_resized_files(tmp_path: Path, read: Any) -> None:
     manifest = _one_file(tmp_path / "c", b"0123456789")
     (tmp_path / "c" / "other.bin").write_bytes(b"x")
     with pytest.raises(CorruptCheckpointError, match=r"other\.bin is not listed"):
-        read_verified(tmp_path / "c", "other.bin", manifest)
+        read(tmp_path / "c", "other.bin", manifest)
     (tmp_path / "c" / "big.bin").write_bytes(b"01234")
     with pytest.raises(CorruptCheckpointError, match=r"big\.bin is truncated"):
-        read_verified(tmp_path / "c", "big.bin", manifest)
+        read(tmp_path / "c", "big.bin", manifest)
 
 
 def test_manifest_with_an_unknown_checksum_is_refused(tmp_path: Path) -> None:
@@ -184,3 +192,58 @@ def test_checkpoint_reader_reads_tensors_and_pickles(tmp_path: Path) -> None:
         assert all(torch.equal(tensors[k], v) for k, v in weights.items())
         loaded = files.unpickle("opt.bin")
         assert loaded["lr"] == 0.1 and torch.equal(loaded["t"], torch.ones(2))
+
+
+@pytest.mark.timeout(120)
+def test_loads_share_one_read_pool_at_once_nested_and_in_a_forked_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checksum, "BLOCK_BYTES", 64 << 10)
+    folder = tmp_path / "c"
+    folder.mkdir()
+    big = torch.randn(1 << 19)  # 2 MiB: its blocks are read on the pool's threads
+    stream = io.BytesIO()
+    torch.save({"t": big}, stream)
+    write_manifest(folder, [write_bytes(folder, "opt.bin", stream.getvalue())], {})
+    manifest = read_manifest(folder)
+
+    expected = big.numpy().tobytes()  # compared as bytes: torch ops may hang a forked child
+
+    def nested_loads() -> bool:
+        with CheckpointReader(folder, manifest) as outer:
+            pending = outer.start_unpickle("opt.bin")  # blocks queued, not waited for
+            with CheckpointReader(folder, manifest) as inner:  # a load inside a load
+                ok = inner.unpickle("opt.bin")["t"].numpy().tobytes() == expected
+            return ok and pending.result()["t"].numpy().tobytes() == expected
+
+    from hasten.checkpointing import scatter
+
+    readers: set[threading.Thread] = set()
+    real_read_views = scatter.read_views
+
+    def read_views(*args: Any) -> None:
+        readers.add(threading.current_thread())
+        real_read_views(*args)
+
+    pool = read_threads()
+    with monkeypatch.context() as patch:
+        patch.setattr(scatter, "read_views", read_views)
+        with ThreadPoolExecutor(4) as callers:  # loads from several threads at once
+            assert all(callers.map(lambda _: nested_loads(), range(8)))
+    # the same few threads read for every load, and are kept for the next one
+    assert read_threads() is pool
+    assert 1 < len(readers) <= 8 and all(t.is_alive() for t in readers), readers
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit code
+        ok = False
+        try:
+            ok = nested_loads() and read_threads() is not pool  # the parent's threads are gone
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+    assert done[0] == child and os.waitstatus_to_exitcode(done[1]) == 0

@@ -1,4 +1,5 @@
-"""hasten's DeepSpeed checkpoint engine and the engine-file sink it writes through (no deepspeed)."""
+"""hasten's DeepSpeed checkpoint engine, the engine-file sink it writes through and the verified
+source it reads from (no deepspeed)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ import pytest
 import torch
 
 from hasten.checkpointing import checksum
-from hasten.checkpointing.engine import EngineFiles
-from hasten.strategies.deepspeed.checkpoint import HastenCheckpointEngine, check_checkpoint_engine
+from hasten.checkpointing.engine import EngineFiles, EngineReads, files_to_verify
+from hasten.checkpointing.manifest import (
+    CorruptCheckpointError,
+    read_manifest,
+    write_bytes,
+    write_manifest,
+)
+from hasten.strategies.deepspeed.checkpoint import (
+    HastenCheckpointEngine,
+    check_checkpoint_engine,
+    file_readers,
+)
 
 
 class _TorchEngine:
@@ -21,10 +32,16 @@ class _TorchEngine:
 
     def __init__(self, decoupled: bool = False) -> None:
         self.saved: list[str] = []
+        self.loaded: list[Any] = []
         self.decoupled = decoupled
 
     def save(self, state_dict: Any, path: str) -> None:
         self.saved.append(path)
+
+    def load(self, path: Any, map_location: Any = None) -> Any:
+        self.loaded.append(path)
+        # as DeepSpeed's TorchCheckpointEngine: its files hold objects beyond tensors
+        return torch.load(path, map_location=map_location, weights_only=False)
 
     def is_decoupled(self) -> bool:
         return self.decoupled
@@ -113,3 +130,91 @@ def test_on_first_write_runs_once_before_the_first_engine_file(tmp_path: Path) -
         files.write(str(tmp_path / name), {"x": 1}, lambda obj, handle: torch.save(obj, handle))
     assert seen == [False]  # once, before a.pt was written
     assert [r.name for r in files.finish()] == ["a.pt", "b.pt"]
+
+
+def _engine_checkpoint(folder: Path) -> dict[str, Any]:
+    """A checkpoint folder with two engine files in a tag folder, and its manifest."""
+    (folder / "tag").mkdir(parents=True)
+    records = []
+    for name in ("tag/mp_rank_00_model_states.pt", "tag/zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+        stream = io.BytesIO()
+        torch.save(_state(), stream)
+        records.append(write_bytes(folder, name, stream.getvalue()))
+    write_manifest(folder, records, {})
+    return read_manifest(folder)
+
+
+def test_while_hasten_loads_each_file_is_verified_once_and_parsed_by_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import builtins
+
+    manifest = _engine_checkpoint(tmp_path)
+    inner = _TorchEngine()
+    engine = HastenCheckpointEngine(inner)
+    model_file = str(tmp_path / "tag" / "mp_rank_00_model_states.pt")
+    opened: list[str] = []
+    real_open = builtins.open
+    monkeypatch.setattr(
+        builtins, "open", lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k)
+    )
+    with EngineReads(tmp_path, manifest) as files:
+        files.verify(["tag/mp_rank_00_model_states.pt"])
+        with engine.reading_from(files):
+            for _ in range(2):  # DeepSpeed parses its model file twice
+                loaded = engine.load(model_file, map_location="cpu")
+                assert torch.equal(loaded["module"]["w"], torch.arange(6.0))
+            # a file this process was not expected to read is verified when it is read
+            engine.load(str(tmp_path / "tag" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
+    assert opened == [
+        model_file,
+        str(tmp_path / "tag" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+    ]
+    # the engine's own load parsed the verified bytes (a file object, printed as the path)
+    assert [str(p) for p in inner.loaded] == [model_file, model_file, opened[1]]
+    assert not any(isinstance(p, str) for p in inner.loaded)
+    monkeypatch.undo()
+    assert engine.load(model_file)["step"] == 3  # outside load_state: the engine's own load
+    assert inner.loaded[-1] == model_file
+
+
+def test_a_damaged_or_foreign_file_is_refused_before_the_engine_parses_it(tmp_path: Path) -> None:
+    manifest = _engine_checkpoint(tmp_path)
+    target = tmp_path / "tag" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    (tmp_path / "tag" / "extra.pt").write_bytes(b"x")
+    inner = _TorchEngine()
+    engine = HastenCheckpointEngine(inner)
+    with EngineReads(tmp_path, manifest) as files:
+        with pytest.raises(CorruptCheckpointError, match=r"zero_pp_rank_0_mp_rank_00.*corrupted"):
+            files.verify(["tag/zero_pp_rank_0_mp_rank_00_optim_states.pt"])
+        with engine.reading_from(files):
+            with pytest.raises(CorruptCheckpointError, match=r"zero_pp_rank_0.*corrupted"):
+                engine.load(str(target))
+            with pytest.raises(CorruptCheckpointError, match=r"extra\.pt is not listed"):
+                engine.load(str(tmp_path / "tag" / "extra.pt"))
+            with pytest.raises(CorruptCheckpointError, match="not part of the checkpoint"):
+                engine.load(str(tmp_path.parent / "elsewhere.pt"))
+    assert inner.loaded == []
+
+
+def test_each_engine_file_is_verified_by_a_process_whose_engine_reads_it() -> None:
+    names = [
+        "pytorch_model/mp_rank_00_model_states.pt",
+        "pytorch_model/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "pytorch_model/zero_pp_rank_1_mp_rank_00_model_states.pt",
+        "pytorch_model/zero_pp_rank_2_mp_rank_00_optim_states.pt",  # saved on 3 processes
+        "pytorch_model/layer_0_expert_0_mp_rank_00_model_states.pt",
+        "pytorch_model/zero_to_fp32.py",
+    ]
+
+    def readers(name: str, count: int) -> Any:
+        return file_readers(name.rpartition("/")[2], count)
+
+    shares = [files_to_verify(names, i, 2, readers) for i in range(2)]
+    assert shares[0] == [names[0], names[1], names[4], names[6]]
+    assert shares[1] == [names[0], names[2], names[3], names[5]]
+    assert set(shares[0]) | set(shares[1]) == set(names)  # nothing left unchecked
