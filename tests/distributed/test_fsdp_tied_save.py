@@ -19,6 +19,8 @@ ENGINES = {
     "fsdp2": {"fsdp_version": 2},
     "fsdp1_orig": {"fsdp_version": 1, "use_orig_params": True},
     "fsdp1_flat": {"fsdp_version": 1, "use_orig_params": False},
+    # bf16 compute (buffers cast by FSDP1) and checkpoint wrappers: still the fp32 weights.
+    "fsdp1_bf16": {"fsdp_version": 1, "activation_checkpointing": True, "mixed": "bf16"},
 }
 SIZES = ("1KB", "10GB")  # several shards plus an index (the tie alone in one), or one file
 
@@ -34,9 +36,10 @@ class TiedLM(nn.Module):
         self.layers = nn.ModuleList([Block(16)])
         self.lm_head = nn.Linear(16, 32, bias=False)
         self.lm_head.weight = self.embed.weight
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 16))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens)
+        h = self.embed(tokens) * self.scale
         for layer in self.layers:
             h = layer(h)
         return self.lm_head(h)
@@ -58,10 +61,12 @@ def _save_tied(folder: str) -> dict[str, list[str]]:
     raised: dict[str, list[str]] = {}
     for engine, settings in ENGINES.items():
         reset_state()
+        settings = dict(settings)
+        mixed = settings.pop("mixed", "no")
         plugin = FullyShardedDataParallelPlugin(
             auto_wrap_policy="transformer_based_wrap", **settings
         )
-        accelerator = Accelerator(fsdp_plugin=plugin)
+        accelerator = Accelerator(fsdp_plugin=plugin, mixed_precision=mixed)
         torch.manual_seed(0)
         model = TiedLM()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
