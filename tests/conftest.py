@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import subprocess
 import sys
@@ -49,3 +51,9 @@ def deepspeed_ops() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # Forked workers inherit the parent's modules. deepspeed.initialize imports its Muon optimizer
+    # (whose torch.compile decorators import torch._inductor, ~3 s of CPU) and the op's JIT
+    # loader: importing them here once spares every worker of every DeepSpeed test the imports.
+    for name in ("deepspeed.runtime.zero.muon.muon_optimizer", "torch.utils.cpp_extension"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
