@@ -7,6 +7,7 @@ import importlib
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,5 +56,6 @@ def deepspeed_ops() -> None:
     # (whose torch.compile decorators import torch._inductor, ~3 s of CPU) and the op's JIT
     # loader: importing them here once spares every worker of every DeepSpeed test the imports.
     for name in ("deepspeed.runtime.zero.muon.muon_optimizer", "torch.utils.cpp_extension"):
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(ImportError), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's, on import
             importlib.import_module(name)
