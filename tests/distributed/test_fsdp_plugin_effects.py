@@ -258,12 +258,24 @@ def _accelerator_checks() -> dict[str, Any]:
 
 
 def _all_checks(folder: str) -> dict[str, Any]:
-    return {
-        "fsdp2": _fsdp2_fields(),
-        "fsdp1": _fsdp1_fields(),
-        "local": _local_state_mismatches(folder),
-        "accelerator": _accelerator_checks(),
-    }
+    import faulthandler
+    import sys
+
+    from hasten.state import PartialState
+
+    faulthandler.dump_traceback_later(75, file=sys.stderr)  # where a hang waits, before the kill
+    # hasten's process group first: it also sets this process's CPU threads, which a forked
+    # child needs before its first parallel op (the parent's OpenMP pool does not survive fork)
+    PartialState()
+    try:
+        return {
+            "fsdp2": _fsdp2_fields(),
+            "fsdp1": _fsdp1_fields(),
+            "local": _local_state_mismatches(folder),
+            "accelerator": _accelerator_checks(),
+        }
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.mark.timeout(120)
