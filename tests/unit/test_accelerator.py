@@ -177,7 +177,8 @@ def test_megatron_without_cuda_is_accepted_then_refused(monkeypatch: pytest.Monk
 def test_fsdp_on_one_process_trains_plainly() -> None:
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
-    acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    with pytest.warns(UserWarning, match="nothing is sharded and the plugin is not used"):
+        acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
     assert isinstance(acc.strategy, SingleDeviceStrategy) and not acc.is_fsdp2
     assert acc.state.fsdp_plugin is None
 

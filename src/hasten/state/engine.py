@@ -19,6 +19,7 @@ an error.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 from hasten.config import envvars
@@ -159,6 +160,15 @@ def resolve_engine(
             "deepspeed", DistributedType.DEEPSPEED, deepspeed_plugins=deepspeed, requested=names
         )
     if base in (DistributedType.NO, DistributedType.DEEPSPEED):
+        if fsdp is not None and base == DistributedType.NO:
+            warnings.warn(
+                "An FSDP plugin was given (or ACCELERATE_USE_FSDP is set), but this is a single "
+                "process without a process group: nothing is sharded and the plugin is not used "
+                "(as in Accelerate). To run FSDP on one device, start the script with "
+                "`hasten launch --use_fsdp` (a one-process group).",
+                UserWarning,
+                stacklevel=2,
+            )
         return EngineChoice("none", base, requested=names)
     if fsdp is not None or (context_parallel and base != DistributedType.MULTI_CPU):
         return EngineChoice("fsdp", DistributedType.FSDP, fsdp_plugin=fsdp, requested=names)

@@ -127,9 +127,11 @@ def test_deepspeed_variable_builds_the_plugin_once(monkeypatch: pytest.MonkeyPat
 
 
 def test_plain_runs_keep_no_engine_plugins() -> None:
-    state = make(
-        fsdp_plugin=object(), dynamo_plugin=types.SimpleNamespace(backend=DynamoBackend.INDUCTOR)
-    )
+    with pytest.warns(UserWarning, match="the plugin is not used"):
+        state = make(
+            fsdp_plugin=object(),
+            dynamo_plugin=types.SimpleNamespace(backend=DynamoBackend.INDUCTOR),
+        )
     assert state.deepspeed_plugin is None and state.fsdp_plugin is None and not state.is_fsdp2
     assert state.dynamo_plugin.backend == DynamoBackend.INDUCTOR
 

@@ -22,7 +22,8 @@ def test_fsdp_upgrades_data_parallel_runs_including_cpu() -> None:
 
 
 def test_single_process_and_plain_runs_have_no_engine() -> None:
-    choice = resolve_engine(DistributedType.NO, cpu=False, fsdp_plugin=FSDP2)
+    with pytest.warns(UserWarning, match=r"single process without a process group.*hasten launch"):
+        choice = resolve_engine(DistributedType.NO, cpu=False, fsdp_plugin=FSDP2)
     assert choice.name == "none" and choice.requested == ("fsdp",) and not choice.is_fsdp2
     plain = resolve_engine(DistributedType.MULTI_GPU, cpu=False)
     assert plain == EngineChoice("none", DistributedType.MULTI_GPU)
