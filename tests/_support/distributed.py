@@ -8,6 +8,7 @@ eating CI.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import socket
@@ -38,6 +39,9 @@ def _worker(
     args: tuple[Any, ...],
     queue: Any,
 ) -> None:
+    # The child's full collections would scan (and so copy-on-write) every object the test
+    # process holds (torch, transformers...): keep what it inherited out of the collector's reach.
+    gc.freeze()
     os.environ.update(
         {
             "RANK": str(rank),

@@ -12,6 +12,7 @@ checkpoints intact and raises a clear error.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import random
 import signal
@@ -91,6 +92,7 @@ def _manager(project: Path) -> CheckpointManager:
 def _train_and_save_forever(project: Path, ready: int) -> None:
     """The child: resume from the newest complete checkpoint, then step and save in a loop."""
     torch.set_num_threads(1)  # the parent's OpenMP pool does not survive fork
+    gc.freeze()  # the child's collections skip the objects it inherited (no copy-on-write scans)
     reset_state()
     model, optimizer, steps, tags = _setup(seed=os.getpid())
     manager = _manager(project)
