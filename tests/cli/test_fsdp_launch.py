@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file as load_safetensors_file
 
+from hasten.commands.merge import merge_command, merge_command_parser
+
 pytestmark = pytest.mark.cli
 
 HERE = Path(__file__).parent
@@ -44,8 +46,10 @@ def test_launch_flags_shard_save_and_merge(tmp_path: Path) -> None:
     assert results[0]["strategy"] == "fsdp2" and results[0]["layout"] == "sharded"
     assert results[0]["reshard_after_forward"] is False
     assert all(0.4 < r["fraction"] < 0.6 for r in results)
-    # merge-weights of the sharded checkpoint equals the gathered save_model output
-    _run("merge-weights", str(tmp_path / "ckpt" / "pytorch_model_fsdp_0"), str(tmp_path / "merged"))
+    # merge-weights of the sharded checkpoint equals the gathered save_model output (the
+    # command runs here: tests/distributed/test_merge_weights.py runs it as a subprocess)
+    args = [str(tmp_path / "ckpt" / "pytorch_model_fsdp_0"), str(tmp_path / "merged")]
+    assert merge_command(merge_command_parser().parse_args(args)) == 0
     merged = load_safetensors_file(tmp_path / "merged" / "model.safetensors")
     saved = load_safetensors_file(tmp_path / "model" / "model.safetensors")
     assert set(merged) == set(saved) and len(saved) == 16
