@@ -259,7 +259,11 @@ def test_stopping_the_launcher_stops_its_workers(tmp_path: Path) -> None:
         "sleepy.py",
         "import os, time\nprint('started', os.getpid(), flush=True)\ntime.sleep(60)\n",
     )
-    proc = _start("launch", "--cpu", "--num_processes", "2", script, env=_env(tmp_path))
+    port = str(free_port())  # not the default 29500, which another launcher may hold
+    proc = _start(
+        "launch", "--cpu", "--num_processes", "2", "--main_process_port", port, script,
+        env=_env(tmp_path),
+    )  # fmt: skip
     assert proc.stdout is not None
     pids = []
     while len(pids) < 2:
