@@ -12,6 +12,7 @@ import gc
 import multiprocessing as mp
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +55,11 @@ def _worker(
         }
     )
     os.environ.update(env)
+    torch_module = sys.modules.get("torch")
+    if torch_module is not None:
+        # The parent's OpenMP pool does not survive the fork: a parallel op before hasten's
+        # PartialState sets the thread count can hang on it. One thread per worker (2 on 2 cores).
+        torch_module.set_num_threads(1)
     try:
         # A forked child inherits the parent's singletons; start from a clean slate.
         from hasten.state._shared import reset_state
