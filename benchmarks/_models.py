@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["Block", "BlockModel"]
+__all__ = ["Block", "BlockModel", "PreNormBlock", "Tower"]
 
 
 class Block(nn.Module):
@@ -40,3 +40,32 @@ class BlockModel(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
+
+
+class PreNormBlock(nn.Module):
+    """``x + down(gelu(up(norm(x))))``: a transformer MLP block, what FSDP's wrap shards one by one."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Tower(nn.Module):
+    """``depth`` pre-norm blocks of ``width`` features and a linear head (bench_compile, gpu_fsdp)."""
+
+    _no_split_modules = ["PreNormBlock"]
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(PreNormBlock(width) for _ in range(depth))
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)

@@ -17,32 +17,7 @@ import tempfile
 import time
 
 import torch
-from torch import nn
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-
-
-class Tower(nn.Module):
-    def __init__(self, blocks: int, width: int = 64) -> None:
-        super().__init__()
-        self.embed = nn.Linear(width, width)
-        self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
-        self.head = nn.Linear(width, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+from _models import Tower
 
 
 def child(regional: bool, blocks: int, backend: str) -> dict[str, float]:
@@ -51,7 +26,7 @@ def child(regional: bool, blocks: int, backend: str) -> dict[str, float]:
 
     plugin = TorchDynamoPlugin(backend=backend, use_regional_compilation=regional)
     acc = Accelerator(cpu=True, dynamo_plugin=plugin)
-    model = acc.prepare(Tower(blocks))
+    model = acc.prepare(Tower(64, blocks))
     x = torch.randn(16, 64)
     start = time.perf_counter()
     model(x).sum().backward()

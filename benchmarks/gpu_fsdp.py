@@ -22,34 +22,7 @@ import time
 from typing import Any
 
 import torch
-from torch import nn
-
-
-class Block(nn.Module):
-    """Pre-norm MLP block: what ``transformer_based_wrap`` shards and checkpoints one by one."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-
-
-class Tower(nn.Module):
-    _no_split_modules = ["Block"]
-
-    def __init__(self, width: int, layers: int) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
-        self.head = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+from _models import Tower
 
 
 def _rss_mib() -> float:
