@@ -50,6 +50,7 @@ from hasten.checkpointing import checksum
 from hasten.checkpointing.dcp_safe import SafeFileSystemReader, load_metadata, load_tensor_item
 from hasten.checkpointing.io import EarlyWriteback, ViewFile, file_threads, fsync_directory
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.reader import map_verified
 
 __all__ = ["METADATA_NAME", "PartedReader", "PartedWriter", "part_of", "read_part_metadata"]
 
@@ -454,28 +455,9 @@ class PartedReader(SafeFileSystemReader):
         self._maps = []
 
     def _check(self, name: str) -> tuple[str, memoryview]:
-        """Map ``name`` and compare its block checksums with the manifest's."""
+        """Map ``name`` and compare its block checksums with the manifest's (see `map_verified`)."""
         assert self.manifest is not None
-        block = int(self.manifest.get("block_bytes", checksum.BLOCK_BYTES))
-        path = self.root / name
-        view, mapped = _map(path)
-        if mapped is not None:
+        mapped = map_verified(self.root, name, self.manifest)
+        if isinstance(mapped, mmap.mmap):  # (an empty file cannot be mapped)
             self._maps.append(mapped)
-        if tuple(checksum.block_digests(view, block)) != self.manifest["files"][name].blocks:
-            raise _damaged(path)
-        return os.fspath(path), view
-
-
-def _map(path: Path) -> tuple[memoryview, mmap.mmap | None]:
-    """``path`` mapped read-only: no copy, each tensor's data is copied out once, into place.
-
-    (Reading the file whole would copy it once more, into fresh memory that must be faulted in;
-    ``MAP_POPULATE`` measured slower than the faults of the hashing pass, which the kernel
-    serves several pages at a time. An empty file cannot be mapped.)
-    """
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            return memoryview(b""), None
-        mapped = mmap.mmap(handle.fileno(), size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    return memoryview(mapped), mapped
+        return os.fspath(self.root / name), memoryview(mapped)

@@ -132,7 +132,7 @@ def test_a_damaged_shard_is_refused_before_any_tensor_is_filled(tmp_path: Path) 
         _dcp("load", template, storage_reader=reader)
     errors = [f[0] for f in caught.value.failures.values()]
     assert isinstance(errors[0], CorruptCheckpointError)
-    assert "optimizer_0/__0_0.distcp is damaged" in str(errors[0])
+    assert "optimizer_0/__0_0.distcp is corrupted: block" in str(errors[0])
     assert torch.equal(template[PARTS[0]]["layer.weight"], before)  # the intact part too
 
 
@@ -157,16 +157,15 @@ def test_verified_shards_are_mapped_and_each_tensor_is_a_view_of_the_mapping(
 
     writer, state = _save(tmp_path)
     ranges: list[tuple[int, int]] = []  # the address range of every mapped file
-    original_map = dcp_storage._map
+    original_map = dcp_storage.map_verified
 
-    def spy_map(path: Path) -> Any:
-        view, handle = original_map(path)
-        if handle is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                start = torch.frombuffer(view, dtype=torch.uint8).data_ptr()
-            ranges.append((start, start + view.nbytes))
-        return view, handle
+    def spy_map(folder: Path, name: str, manifest: Any) -> Any:
+        mapped = original_map(folder, name, manifest)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            start = torch.frombuffer(mapped, dtype=torch.uint8).data_ptr()
+        ranges.append((start, start + len(mapped)))
+        return mapped
 
     decoded: list[int] = []  # where each decoded tensor's data lies
     original_item = dcp_storage.load_tensor_item
@@ -178,7 +177,7 @@ def test_verified_shards_are_mapped_and_each_tensor_is_a_view_of_the_mapping(
 
     sliced: list[Any] = []
     slice_file = dcp_storage.PartedReader._slice_file
-    monkeypatch.setattr(dcp_storage, "_map", spy_map)
+    monkeypatch.setattr(dcp_storage, "map_verified", spy_map)
     monkeypatch.setattr(dcp_storage, "load_tensor_item", spy_item)
     monkeypatch.setattr(
         dcp_storage.PartedReader,
@@ -216,11 +215,3 @@ def test_unverified_shards_are_read_by_dcp_small_items_copied_whole(
     loaded = _load(tmp_path, None)
     assert torch.equal(loaded[PARTS[0]]["layer.bias"], state[PARTS[0]]["layer.bias"])
     assert (io.BytesIO in set(served)) == bool(copy_below)
-
-
-def test_an_empty_file_is_served_empty_without_a_mapping(tmp_path: Path) -> None:
-    from hasten.checkpointing.dcp_storage import _map
-
-    (tmp_path / "empty").write_bytes(b"")
-    view, mapped = _map(tmp_path / "empty")
-    assert view.nbytes == 0 and mapped is None
