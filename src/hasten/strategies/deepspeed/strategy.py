@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -391,13 +391,7 @@ class DeepSpeedStrategy(Strategy):
         for engine in self.engines:
             check_checkpoint_engine(engine)
         for index, engine in enumerate(self.engines):
-            writer = engine.checkpoint_engine
-            route = (
-                writer.writing_to(files)
-                if isinstance(writer, HastenCheckpointEngine)
-                else contextlib.nullcontext()
-            )
-            with route:
+            with _files_route(engine, "writing_to", files):
                 engine.save_checkpoint(str(folder), tag=engine_tag(index))
 
     def load_checkpoint(
@@ -418,13 +412,7 @@ class DeepSpeedStrategy(Strategy):
                     f"{folder} holds no DeepSpeed checkpoint {tag!r} for prepared engine "
                     f"{index}; load a checkpoint saved with the same models prepared."
                 )
-            reader = engine.checkpoint_engine
-            route = (
-                reader.reading_from(files)
-                if isinstance(reader, HastenCheckpointEngine)
-                else contextlib.nullcontext()
-            )
-            with route:
+            with _files_route(engine, "reading_from", files):
                 path, _ = engine.load_checkpoint(
                     str(folder), tag=tag, load_module_strict=strict, load_lr_scheduler_states=True
                 )
@@ -459,3 +447,12 @@ class DeepSpeedStrategy(Strategy):
     @override
     def __repr__(self) -> str:
         return f"DeepSpeedStrategy(engines={len(self.engines)})"
+
+
+def _files_route(engine: Any, route: str, files: Any) -> contextlib.AbstractContextManager[Any]:
+    """hasten's checkpoint engine sending its files to/from ``files`` (``route``: its method
+    ``writing_to`` or ``reading_from``); for any other checkpoint engine, nothing to set up."""
+    current = engine.checkpoint_engine
+    if isinstance(current, HastenCheckpointEngine):
+        return cast(contextlib.AbstractContextManager[Any], getattr(current, route)(files))
+    return contextlib.nullcontext()
