@@ -631,7 +631,8 @@ class Accelerator:
 
         Models are moved, compiled and wrapped (DDP when distributed), optimizers are pointed
         at the moved parameters and wrapped, data loaders are sharded, and schedulers (handled
-        after every optimizer) step with their optimizer. Other objects pass through.
+        after every optimizer) step with their optimizer. Other objects pass through, and so
+        does an object prepare returned before (as in Accelerate).
 
         Args:
             *args: the objects, in any order.
@@ -642,8 +643,9 @@ class Accelerator:
 
         Raises:
             ValueError: ``device_placement`` does not have one entry per object.
-            RuntimeError: an object was prepared before, or an optimizer's parameters are not
-                on the training device after its model moved.
+            RuntimeError: an object was given to prepare before and replaced by a wrapper
+                (pass the wrapper: an object prepare returned comes back unchanged), or an
+                optimizer's parameters are not on the training device after its model moved.
         """
         if device_placement is None:
             placements: list[bool | None] = [None] * len(args)
@@ -656,6 +658,19 @@ class Accelerator:
             placements = list(device_placement)
         self._check_unique(args)
         self.strategy.check_usable()
+        # As in Accelerate, an object prepare returned before comes back as it is.
+        fresh = [i for i, obj in enumerate(args) if not self._hand_back(obj)]
+        result = list(args)
+        if fresh:
+            prepared = self._prepare_fresh(
+                tuple(args[i] for i in fresh), [placements[i] for i in fresh]
+            )
+            for i, obj in zip(fresh, prepared):
+                result[i] = obj
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_fresh(self, args: tuple[Any, ...], placements: list[bool | None]) -> list[Any]:
+        """Prepare objects not prepared before, in one go (see `prepare`)."""
         engine_prepared = self.strategy.prepare_all(self, list(args))
         if engine_prepared is not None:
             return self._register_engine_prepared(engine_prepared)
@@ -690,9 +705,26 @@ class Accelerator:
         for i, obj in enumerate(result):
             if kinds[i] == "scheduler":
                 result[i] = self.prepare_scheduler(obj)
-        return result[0] if len(result) == 1 else tuple(result)
+        return result
 
-    def _register_engine_prepared(self, prepared: list[Any]) -> Any:
+    def _hand_back(self, obj: Any, kind: str | None = None, training: bool = True) -> bool:
+        """If ``obj`` is already prepared (for training, if ``training``), register it where
+        prepare would have (once) and return True: prepare then returns it unchanged."""
+        kind = kind or _kind(obj)
+        if kind == "other" or not self._prepared.hands_back(obj, training):
+            return False
+        registries: dict[str, list[Any]] = {
+            "model": self._models,
+            "optimizer": self._optimizers,
+            "scheduler": self._schedulers,
+            "data_loader": self._dataloaders,
+        }
+        registry = registries[kind]
+        if not any(item is obj for item in registry):
+            registry.append(obj)
+        return True
+
+    def _register_engine_prepared(self, prepared: list[Any]) -> list[Any]:
         """Record what an engine prepared in one go (Megatron-LM) as prepare() would have."""
         for obj in prepared:
             if isinstance(obj, nn.Module):
@@ -703,7 +735,7 @@ class Accelerator:
                 self._schedulers.append(obj)
             elif isinstance(obj, torch.utils.data.DataLoader):
                 self._dataloaders.append(obj)
-        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+        return prepared
 
     def _batch_sizes(self, loaders: list[Any]) -> list[int]:
         """Per-process batch sizes of ``loaders`` (or of those of an earlier prepare call)."""
@@ -719,10 +751,11 @@ class Accelerator:
         """The engine wrapper `backward` drives under DeepSpeed (None otherwise)."""
         return getattr(self.strategy, "_trainer", None)
 
-    def _mark(self, prepared: Any) -> None:
+    def _mark(self, prepared: Any, evaluation_only: bool = False) -> None:
         # Accelerate's marker, which other libraries test to avoid preparing twice.
-        setattr(prepared, "_is_accelerate_prepared", True)  # noqa: B010
-        self._prepared.record(prepared)
+        with contextlib.suppress(AttributeError):  # an object that takes no attributes
+            setattr(prepared, "_is_accelerate_prepared", True)  # noqa: B010
+        self._prepared.record(prepared, evaluation_only=evaluation_only)
 
     @staticmethod
     def _check_unique(args: Sequence[Any]) -> None:
@@ -756,6 +789,8 @@ class Accelerator:
             The model to train with (possibly a `DistributedDataParallel` or compiled wrapper).
         """
         self.strategy.check_usable()
+        if self._hand_back(model, "model", training=not evaluation_mode):
+            return model
         self._prepared.claim(model, "model")
         place = self.device_placement if device_placement is None else device_placement
         if self.verify_device_map(model) and not envvars.read_flag("ACCELERATE_BYPASS_DEVICE_MAP"):
@@ -779,7 +814,7 @@ class Accelerator:
                 precision=self.precision,
                 compile_fn=lambda module: compile_model(module, dynamo),
             )
-        self._mark(prepared)
+        self._mark(prepared, evaluation_only=evaluation_mode)
         self._models.append(prepared)
         return prepared
 
@@ -794,9 +829,12 @@ class Accelerator:
         """Wrap ``optimizer`` so it steps with the loss scaler and only on sync steps.
 
         Raises:
-            RuntimeError: it was prepared before, or its parameters are not on the training
-                device (prepare its model in the same call, or first).
+            RuntimeError: it was given to prepare before (the wrapper prepare returned comes
+                back unchanged), or its parameters are not on the training device (prepare its
+                model in the same call, or first).
         """
+        if self._hand_back(optimizer, "optimizer"):
+            return optimizer  # type: ignore[return-value]  # one prepare returned
         self._prepared.claim(optimizer, "optimizer")
         place = self.device_placement if device_placement is None else device_placement
         if place and not self.strategy.owns_optimizer_step:
@@ -818,9 +856,12 @@ class Accelerator:
         """Shard ``data_loader`` for this process (see `DataLoaderConfiguration`).
 
         Raises:
-            RuntimeError: it was prepared before.
+            RuntimeError: it was given to prepare before (the wrapper prepare returned comes
+                back unchanged).
             ValueError: split_batches with a batch size not divisible by num_processes.
         """
+        if self._hand_back(data_loader, "data_loader"):
+            return data_loader
         self._prepared.claim(data_loader, "data loader")
         place = self.device_placement if device_placement is None else device_placement
         config = self.dataloader_config
@@ -849,8 +890,11 @@ class Accelerator:
         """Wrap ``scheduler`` so it steps only when its optimizer really stepped.
 
         Raises:
-            RuntimeError: it was prepared before.
+            RuntimeError: it was given to prepare before (the wrapper prepare returned comes
+                back unchanged).
         """
+        if self._hand_back(scheduler, "scheduler"):
+            return scheduler
         self._prepared.claim(scheduler, "scheduler")
         owner = getattr(scheduler, "optimizer", None)
         optimizers: Any = next(
@@ -1104,7 +1148,7 @@ class Accelerator:
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
-        self._prepared = PreparedRegistry()
+        self._prepared.forget()
         self.step = 0
         released = release_memory(*objects)
         gc.collect()

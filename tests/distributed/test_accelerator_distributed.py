@@ -53,6 +53,34 @@ def test_ddp_wrapping_with_kwargs_and_comm_hook() -> None:
     torch.testing.assert_close(torch.tensor(results[0]["grad"]), torch.tensor(results[1]["grad"]))
 
 
+def _evaluated_then_trained() -> dict[str, Any]:
+    from hasten import Accelerator
+
+    acc = Accelerator(cpu=True)
+    model = _model()
+    evaluated = acc.prepare_model(model, evaluation_mode=True)  # Trainer.evaluate() first
+    acc.free_memory()  # then Trainer.train() frees memory and prepares the model again
+    trained = acc.prepare(model)
+    again = acc.prepare(trained)
+    return {
+        "evaluated": type(evaluated).__name__,
+        "trained": type(trained).__name__,
+        "handed_back": again is trained,
+    }
+
+
+@pytest.mark.timeout(60)
+def test_a_model_evaluated_first_is_wrapped_in_ddp_for_training() -> None:
+    # Accelerate hands the marked model back unwrapped here (training without DDP); hasten
+    # remembers that it was prepared for evaluation only.
+    for r in run_distributed(_evaluated_then_trained, world_size=2):
+        assert r == {
+            "evaluated": "Sequential",
+            "trained": "DistributedDataParallel",
+            "handed_back": True,
+        }
+
+
 def _accumulation_grads() -> list[bool]:
     from hasten import Accelerator
 

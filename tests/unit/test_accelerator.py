@@ -209,20 +209,57 @@ def test_prepare_returns_objects_in_order_and_wraps() -> None:
     assert acc.prepare(mlp()) is not None  # a single object comes back bare, not in a tuple
 
 
-def test_preparing_twice_is_rejected() -> None:
+def test_prepared_objects_come_back_unchanged() -> None:
+    # Accelerate's test_prepare_model_twice_does_not_double_wrap, and the same for each kind.
     acc = Accelerator(cpu=True)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    p_model, p_opt = acc.prepare(model, opt)
-    with pytest.raises(RuntimeError, match="already passed to Accelerator.prepare"):
-        acc.prepare(opt)
-    with pytest.raises(RuntimeError, match="already passed to Accelerator.prepare"):
-        acc.prepare(p_opt)
-    with pytest.raises(RuntimeError, match="already passed to Accelerator.prepare"):
-        acc.prepare_model(p_model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    loader = DataLoader(dataset(8), batch_size=4)
+    p_model, p_opt, p_sched, p_loader = acc.prepare(model, opt, sched, loader)
+    assert acc.prepare_model(p_model) is p_model
+    assert acc.prepare(p_opt) is p_opt
+    assert acc.prepare_scheduler(p_sched) is p_sched
+    assert acc.prepare_data_loader(p_loader) is p_loader
+    again = acc.prepare(p_model, p_opt, p_sched, p_loader)
+    assert all(a is b for a, b in zip(again, (p_model, p_opt, p_sched, p_loader)))
+    assert acc._models == [p_model] and acc._optimizers == [p_opt]
+    assert acc._schedulers == [p_sched] and acc._dataloaders == [p_loader]
+    # After free_memory the lists are empty; a prepared object passed again is listed again.
+    acc.free_memory()
+    assert acc.prepare(p_model, p_opt) == (p_model, p_opt)
+    assert acc._models == [p_model] and acc._optimizers == [p_opt]
+    # Mixed in one call with new objects: only the new ones are prepared.
+    new_loader = DataLoader(dataset(8), batch_size=2)
+    back_model, new_prepared = acc.prepare(p_model, new_loader)
+    assert back_model is p_model and new_prepared is not new_loader
+    assert acc._dataloaders == [new_prepared]
+
+
+def test_an_object_replaced_by_a_wrapper_is_refused_when_passed_again() -> None:
+    acc = Accelerator(cpu=True)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc.prepare(model, opt)
+    with pytest.raises(RuntimeError, match="already passed to Accelerator.prepare.*wrapper"):
+        acc.prepare(opt)  # the raw optimizer: prepare returned an AcceleratedOptimizer for it
     other = mlp()
     with pytest.raises(RuntimeError, match="passed twice to one prepare"):
         acc.prepare(other, other)
+
+
+def test_a_model_prepared_for_evaluation_is_wrapped_for_training_later() -> None:
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    model = mlp()
+    evaluated = acc.prepare_model(model, evaluation_mode=True)
+    assert acc.prepare_model(evaluated, evaluation_mode=True) is evaluated
+    acc.free_memory()  # Trainer frees memory before training a model it evaluated
+    trained = acc.prepare(evaluated)
+    assert trained is model and acc._models == [model]
+    assert acc.prepare(trained) is trained  # now prepared for training: handed back
+    with torch.no_grad():
+        out = trained(torch.randn(2, 8))
+    assert out.dtype == torch.float32  # one autocast wrapper, outputs converted once
 
 
 def test_device_placement_list_must_match() -> None:

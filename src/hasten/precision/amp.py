@@ -128,8 +128,13 @@ class AmpPrecision(Precision):
         return torch.autocast(**_autocast_args(self.device_type, self.dtype, autocast_handler))
 
     def wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Replace ``model.forward`` by an `AutocastForward` around it (keeps the original)."""
+        """Replace ``model.forward`` by an `AutocastForward` around it (keeps the original).
+
+        A model wrapped already (prepared for evaluation, now for training) is left as it is.
+        """
         forward = model.forward
+        if isinstance(forward, AutocastForward):
+            return model
         setattr(model, "_original_forward", forward)  # noqa: B010 - what unwrapping restores
         setattr(model, "forward", AutocastForward(forward, **self._autocast))  # noqa: B010
         return model

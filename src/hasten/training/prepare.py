@@ -1,12 +1,14 @@
 """The pieces of `Accelerator.prepare` that do not depend on the facade.
 
-Bookkeeping of what was prepared (so nothing is wrapped twice; optimizers follow the moved
-parameters in `strategies.rebind`), the device check that catches an optimizer prepared apart
-from its model, and the per-step ``backward`` chosen once from (accumulation steps, loss scaler).
+Bookkeeping of what was prepared (a prepared object passed again comes back unchanged; nothing
+is wrapped twice; optimizers follow the moved parameters in `strategies.rebind`), the device
+check that catches an optimizer prepared apart from its model, and the per-step ``backward``
+chosen once from (accumulation steps, loss scaler).
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -23,40 +25,87 @@ __all__ = [
 BackwardFn = Callable[..., None]
 
 
-class PreparedRegistry:
-    """Remembers every object given to or returned by ``prepare`` to refuse preparing it twice."""
+class _IdentitySet:
+    """Objects held weakly where possible, else by id (a set that never calls ``__eq__``)."""
 
     def __init__(self) -> None:
-        self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._refs: weakref.WeakSet[Any] = weakref.WeakSet()
         self._ids: set[int] = set()
 
-    def _add(self, obj: Any) -> None:
+    def add(self, obj: Any) -> None:
         try:
-            self._seen.add(obj)
-        except TypeError:  # not weak-referenceable: fall back to identity for this session
+            self._refs.add(obj)
+        except TypeError:  # not weak-referenceable (or unhashable): identity for this session
             self._ids.add(id(obj))
 
+    def discard(self, obj: Any) -> None:
+        self._ids.discard(id(obj))
+        with contextlib.suppress(TypeError):
+            self._refs.discard(obj)
+
     def __contains__(self, obj: Any) -> bool:
-        return id(obj) in self._ids or obj in self._seen
+        if id(obj) in self._ids:
+            return True
+        try:
+            return obj in self._refs
+        except TypeError:
+            return False
+
+
+class PreparedRegistry:
+    """What ``prepare`` was given and what it returned.
+
+    As in Accelerate, an object ``prepare`` returned (marked ``_is_accelerate_prepared``) comes
+    back unchanged when passed again. An object ``prepare`` *replaced* by a wrapper (a model
+    wrapped in DDP, a raw optimizer) is refused if passed again: wrapping it a second time would
+    all-reduce or step twice. A model prepared with ``evaluation_mode=True`` may later be prepared
+    for training (it then gets its training wrapper); that is remembered across `forget()`.
+    """
+
+    def __init__(self) -> None:
+        self._given = _IdentitySet()
+        self._returned = _IdentitySet()
+        self._evaluation_only = _IdentitySet()
+
+    def __contains__(self, obj: Any) -> bool:
+        return obj in self._given or obj in self._returned
+
+    def hands_back(self, obj: Any, training: bool = True) -> bool:
+        """Whether ``prepare`` should return ``obj`` as it is: it is already prepared (for
+        training, if ``training``)."""
+        if training and obj in self._evaluation_only:
+            return False
+        return obj in self._returned or getattr(obj, "_is_accelerate_prepared", False) is True
 
     def claim(self, obj: Any, what: str) -> None:
         """Record ``obj`` as being prepared now.
 
         Raises:
-            RuntimeError: ``obj`` (or the object prepare returned for it) was prepared already.
+            RuntimeError: ``obj`` was given to prepare before and replaced by a wrapper.
         """
-        if obj in self:
+        if obj in self._evaluation_only:  # prepared for evaluation, now for training
+            self._evaluation_only.discard(obj)
+            return
+        if obj in self._given:
             raise RuntimeError(
                 f"This {what} ({type(obj).__name__}) was already passed to "
-                "Accelerator.prepare; preparing it twice would wrap it twice (double DDP "
-                "all-reduce, double optimizer steps). Prepare each object once and keep using the "
-                "object prepare returned."
+                "Accelerator.prepare, which returned a wrapper for it; preparing it again would "
+                "wrap it twice (double DDP all-reduce, double optimizer steps). Keep using the "
+                "object prepare returned (passing that one again returns it unchanged)."
             )
-        self._add(obj)
+        self._given.add(obj)
 
-    def record(self, obj: Any) -> None:
-        """Record an object prepare returned, so passing it back is refused as well."""
-        self._add(obj)
+    def record(self, obj: Any, evaluation_only: bool = False) -> None:
+        """Record an object prepare returned (passing it again hands it back)."""
+        self._returned.add(obj)
+        if evaluation_only:
+            self._evaluation_only.add(obj)
+
+    def forget(self) -> None:
+        """Forget what was given and returned (`Accelerator.free_memory`); models prepared only
+        for evaluation stay known, so preparing one for training still wraps it."""
+        self._given = _IdentitySet()
+        self._returned = _IdentitySet()
 
 
 def same_device(tensor_device: torch.device, device: torch.device) -> bool:

@@ -12,7 +12,7 @@ from hasten.training.prepare import (
 )
 
 
-def test_registry_refuses_a_second_claim() -> None:
+def test_registry_refuses_a_second_claim_and_hands_back_what_it_returned() -> None:
     reg = PreparedRegistry()
     model = nn.Linear(1, 1)
     reg.claim(model, "model")
@@ -20,10 +20,30 @@ def test_registry_refuses_a_second_claim() -> None:
         reg.claim(model, "model")
     wrapper = nn.Sequential(model)
     reg.record(wrapper)
-    assert wrapper in reg
+    assert wrapper in reg and reg.hands_back(wrapper)
+    assert not reg.hands_back(nn.Linear(1, 1))
+    marked = nn.Linear(1, 1)
+    marked._is_accelerate_prepared = True  # prepared by another Accelerator
+    assert reg.hands_back(marked)
     unhashable_but_referenceable = 3  # ints cannot be weakly referenced: identity fallback
     reg.claim(unhashable_but_referenceable, "object")
     assert unhashable_but_referenceable in reg
+    reg.forget()
+    assert model not in reg and wrapper not in reg
+
+
+def test_registry_evaluation_only_models_are_claimed_again_for_training() -> None:
+    reg = PreparedRegistry()
+    model = nn.Linear(1, 1)
+    reg.claim(model, "model")
+    reg.record(model, evaluation_only=True)
+    assert reg.hands_back(model, training=False)
+    assert not reg.hands_back(model, training=True)
+    reg.forget()
+    assert not reg.hands_back(model, training=True)  # remembered across forget()
+    reg.claim(model, "model")  # no error: evaluation -> training
+    reg.record(model)
+    assert reg.hands_back(model, training=True)
 
 
 def test_same_device() -> None:
