@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hasten-installed
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test lint typecheck layers pytest bench clean install
+.PHONY: demo test lint typecheck layers pytest bench clean install docs
 
 install: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,test]"
+	$(BIN)/python -m pip install -q -e ".[dev,test,docs]"
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,8 +24,8 @@ demo: $(STAMP)
 	$(BIN)/hasten plot $(DEMO_DIR) -o $(DEMO_DIR)/metrics.png
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples docs
+	$(BIN)/ruff format --check src tests benchmarks examples docs
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -51,8 +51,13 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory -j3 lint typecheck layers $(DS_OPS)
 	@$(MAKE) --no-print-directory pytest
 
+# The documentation site, strictly (a warning fails the build; `make test` builds it too, in
+# tests/docs/test_site.py). Open docs/_build/html/index.html.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+
 bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache docs/_build docs/api

@@ -568,7 +568,7 @@ class Accelerator:
 
     @property
     def use_stateful_dataloader(self) -> bool:
-        """Whether prepared data loaders are torchdata `StatefulDataLoader`s."""
+        """Whether prepared data loaders are torchdata `StatefulDataLoader` objects."""
         return bool(getattr(self.dataloader_config, "use_stateful_dataloader", False))
 
     @property

@@ -155,7 +155,7 @@ def get_cpu_distributed_information() -> CPUInformation:
 
 
 def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
-    """Return `KEY=value\n` lines for an env file, skipping (with a warning) unsafe entries.
+    """Return `KEY=value` lines (newline-terminated) for an env file, skipping (with a warning) unsafe entries.
 
     An entry is skipped when its key or value is empty or contains `;`, a newline, `<`, `>` or a
     space, since those would break or inject into the shell file it is written to.

@@ -77,7 +77,10 @@ def has_repeated_blocks(module: nn.Module) -> bool:
 
 
 def has_compiled_regions(module: nn.Module) -> bool:
-    """Return whether a submodule of `module` was compiled (an `OptimizedModule` or `.compile()`d)."""
+    """Return whether a submodule of `module` was compiled.
+
+    Compiled means an `OptimizedModule`, or a module whose `.compile()` was called.
+    """
     return any(
         is_compiled_module(sub) or getattr(sub, "_compiled_call_impl", None) is not None
         for sub in module.modules()
