@@ -211,3 +211,26 @@ def test_accelerator_state_across_processes() -> None:
         ("MULTI_CPU", True, "bf16"),
         ("MULTI_CPU", False, "bf16"),
     ]
+
+
+def _pickled_states() -> bytes:
+    import pickle
+
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    loaded = pickle.loads(pickle.dumps(accelerator.state))
+    loaded.wait_for_everyone()  # the record's barrier acts on this process's group
+    return pickle.dumps((accelerator.state._partial, accelerator.state))
+
+
+def test_states_of_a_two_process_run_pickle_and_read_back_elsewhere() -> None:
+    import pickle
+
+    from hasten.config.enums import DistributedType
+
+    for rank, data in enumerate(run_distributed(_pickled_states, world_size=2)):
+        partial, state = pickle.loads(data)  # here: no process group
+        assert partial.distributed_type == state.distributed_type == DistributedType.MULTI_CPU
+        assert (partial.num_processes, partial.process_index) == (2, rank)
+        assert partial.is_main_process == (rank == 0) and state.use_distributed

@@ -11,6 +11,7 @@ Under PyTorch/XLA with PJRT, several threads each drive one device and need thei
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ __all__ = [
     "do_nothing",
     "register_reset_hook",
     "reset_state",
+    "unreadable_state",
 ]
 
 _REGISTRY: list[type[SharedState]] = []
@@ -62,6 +64,8 @@ class SharedState:
     """
 
     _shared_state: ClassVar[dict[str, Any]]
+    #: Attributes not pickled but rebuilt by `_restore` (closures, stores, weak references).
+    _transient: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -78,10 +82,44 @@ class SharedState:
         self.__dict__ = shared
         return bool(shared)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps: the shared attributes, less the transient ones.
+
+        Pickling works as in Accelerate (``torch.save(training_args)`` holds a `PartialState`):
+        the object read back is a detached record of the state that was saved. It shares
+        nothing with the live state of the process that reads it and sets nothing up.
+        """
+        return {k: v for k, v in self.__dict__.items() if k not in self._transient}
+
+    def __setstate__(self, state: Any) -> None:
+        """Read back a pickled state (hasten's, or Accelerate's attributes; see `_restore`).
+
+        Raises:
+            pickle.UnpicklingError: the pickle does not hold a state this class can read.
+        """
+        if not isinstance(state, dict):
+            raise unreadable_state(type(self).__name__, f"it holds a {type(state).__name__}")
+        self.__dict__ = dict(state)  # a plain dict of its own: detached from the live state
+        self._restore()
+
+    def _restore(self) -> None:
+        """Rebuild the transient attributes after unpickling (override per class)."""
+
     @classmethod
     def _clear_shared(cls) -> None:
         """Forget everything this class holds (its next instance initialises afresh)."""
         cls._shared_state.clear()
+
+
+def unreadable_state(class_name: str, why: str) -> pickle.UnpicklingError:
+    """The error for a pickled state that cannot be read back (e.g. in a ``training_args.bin``)."""
+    return pickle.UnpicklingError(
+        f"Cannot read a pickled {class_name} (for example the distributed_state inside a "
+        f"checkpoint's training_args.bin): {why}. It was written by a version of hasten or "
+        "Accelerate whose state this version cannot read. The file only records how that run "
+        "was set up: build the TrainingArguments (or state) again instead of loading it, or "
+        "load it with the version that wrote it."
+    )
 
 
 def register_reset_hook(hook: Callable[[], None]) -> None:

@@ -21,7 +21,7 @@ from hasten.config.enums import (
     DynamoBackend,
     parse_mixed_precision,
 )
-from hasten.state._shared import SharedState
+from hasten.state._shared import SharedState, unreadable_state
 from hasten.state.engine import EngineChoice, resolve_engine
 from hasten.state.mesh import build_device_mesh
 from hasten.state.partial import PartialState
@@ -384,6 +384,31 @@ class AcceleratorState(SharedState):
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy `group` (default: the default group) unless forked workers share it."""
         self._partial.destroy_process_group(group)
+
+    def _restore(self) -> None:
+        """Complete an unpickled state: hasten's, or Accelerate's attributes."""
+        state = self.__dict__
+        if "_partial" not in state:  # written by Accelerate
+            partial = PartialState.__new__(PartialState)
+            partial.__setstate__(dict(state))
+            label = partial.distributed_type
+            state.pop("distributed_type", None)
+            for name in _COPIED:
+                state[name] = getattr(partial, name)
+            for name in ("fsdp_plugin", "megatron_lm_plugin", "deepspeed_plugins", "device_mesh"):
+                state.setdefault(name, None)
+            state.setdefault("_mixed_precision", "no")
+            state["_partial"] = partial
+            state["engine"] = EngineChoice(
+                "none",
+                label,
+                fsdp_plugin=state["fsdp_plugin"],
+                deepspeed_plugins=state["deepspeed_plugins"],
+                megatron_lm_plugin=state["megatron_lm_plugin"],
+            ).relabel(label)
+        missing = [name for name in ("_partial", "engine", "_mixed_precision") if name not in state]
+        if missing:
+            raise unreadable_state("AcceleratorState", f"it has no {', '.join(missing)}")
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:

@@ -64,6 +64,17 @@ class RunSpec:
     source: str = "none"
     env_updates: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
+    def __getstate__(self) -> dict[str, object]:
+        # A mappingproxy cannot be pickled; the spec is pickled with its PartialState.
+        state = dict(self.__dict__)
+        state["env_updates"] = dict(self.env_updates)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "env_updates", MappingProxyType(dict(self.env_updates)))
+
     @property
     def needs_process_group(self) -> bool:
         """Whether a torch.distributed process group must exist for this run."""

@@ -24,6 +24,15 @@ _PLUGIN_DEFAULTS: dict[str, Any] = {
     "sync_with_dataloader": True,
     "sync_each_batch": False,
 }
+# Attributes an unpickled state lacks when Accelerate wrote it, with their starting values.
+_RESTORED_DEFAULTS: dict[str, Any] = {
+    "sync_gradients": True,
+    "plugin_kwargs": {},
+    "_end_of_dataloader": False,
+    "_remainder": -1,
+    "_is_xla_gradients_synced": False,
+    "_fsdp": False,
+}
 
 
 class GradientState(SharedState):
@@ -38,6 +47,9 @@ class GradientState(SharedState):
         >>> state.sync_gradients, state.num_steps, state.in_dataloader
         (True, 1, False)
     """
+
+    # The loaders being iterated are referenced weakly; an unpickled state iterates none.
+    _transient = frozenset({"_dataloader_references_ref"})
 
     def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
         self.__dict__ = shared = self._shared_state
@@ -58,6 +70,13 @@ class GradientState(SharedState):
     def initialized(self) -> bool:
         """Whether the shared state has been set up."""
         return bool(self._shared_state)
+
+    def _restore(self) -> None:
+        """Complete an unpickled state (Accelerate's keeps fewer attributes)."""
+        state = self.__dict__
+        state["_dataloader_references_ref"] = [None]
+        for name, default in _RESTORED_DEFAULTS.items():
+            state.setdefault(name, dict(default) if isinstance(default, dict) else default)
 
     @property
     def num_steps(self) -> int:

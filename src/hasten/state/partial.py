@@ -22,9 +22,9 @@ from hasten.config.enums import DistributedType
 from hasten.core.errors import ProcessGroupDestroyedError, StateNotInitializedError
 from hasten.platforms.base import Platform
 from hasten.platforms.numa import set_numa_affinity
-from hasten.platforms.registry import current_platform
+from hasten.platforms.registry import PLATFORMS, current_platform, get_platform
 from hasten.state import recorder
-from hasten.state._shared import SharedState, register_reset_hook
+from hasten.state._shared import SharedState, register_reset_hook, unreadable_state
 from hasten.state.detect import RunSpec, detect_run, main_is_last_process, runs_distributed
 from hasten.state.split import split_inputs
 
@@ -61,6 +61,23 @@ _KNOWN_ATTRS = frozenset(
         "_barrier",
         "_group_kwargs",
     }
+)
+
+# What an unpickled PartialState must hold (the rest has defaults).
+_PICKLED_REQUIRED = (
+    "_spec",
+    "_distributed_type",
+    "device",
+    "num_processes",
+    "process_index",
+    "local_process_index",
+)
+_ACCELERATE_REQUIRED = (
+    "distributed_type",
+    "device",
+    "num_processes",
+    "process_index",
+    "local_process_index",
 )
 
 _DESTROYED = (
@@ -131,6 +148,51 @@ def _destroyed_barrier(num_processes: int) -> Callable[[], None]:
     return barrier
 
 
+def _restore_accelerate_attributes(state: dict[str, Any]) -> None:
+    """Turn the attributes of an Accelerate `PartialState` (a pickle written under Accelerate)
+    into hasten's, in place.
+
+    Raises:
+        pickle.UnpicklingError: an attribute every Accelerate version writes is missing or
+            unreadable.
+    """
+    missing = [name for name in _ACCELERATE_REQUIRED if name not in state]
+    if missing:
+        raise unreadable_state("PartialState", f"it has no {', '.join(missing)}")
+    try:
+        distributed_type = DistributedType(state.pop("distributed_type"))
+        device = torch.device(state["device"])
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise unreadable_state(
+            "PartialState", f"its distributed_type or device is invalid ({err})"
+        ) from err
+    cpu = bool(state.get("_cpu", False))
+    state.update(
+        device=device,
+        _cpu=cpu,
+        debug=bool(state.get("debug", False)),
+        fork_launched=bool(state.get("fork_launched", False)),
+        backend=state.get("backend"),
+        _mixed_precision=str(state.get("_mixed_precision", "no")),
+        process_group_timeout=state.get("process_group_timeout", DEFAULT_PROCESS_GROUP_TIMEOUT),
+        platform=get_platform(device.type) if device.type in PLATFORMS else get_platform("cpu"),
+        _group_destroyed=False,
+        _distributed_type=distributed_type,
+        _main_is_last=main_is_last_process(distributed_type),
+        _use_distributed=runs_distributed(distributed_type) and int(state["num_processes"]) > 1,
+    )
+    state["_spec"] = RunSpec(
+        distributed_type=distributed_type,
+        backend=state["backend"],
+        num_processes=int(state["num_processes"]),
+        process_index=int(state["process_index"]),
+        local_process_index=int(state["local_process_index"]),
+        device_type=device.type,
+        cpu=cpu,
+        use_deepspeed=distributed_type == DistributedType.DEEPSPEED,
+    )
+
+
 def _barrier_for(spec: RunSpec, device: torch.device) -> Callable[[], None] | None:
     """Choose the barrier once: none for one process, device-bound for nccl."""
     if spec.num_processes <= 1 or spec.backend is None:
@@ -175,6 +237,10 @@ class PartialState(SharedState):
     _main_is_last: bool
     _group_kwargs: dict[str, Any]
     _group_destroyed: bool
+
+    # Rebuilt when unpickled: the barrier may be a closure, the store and group arguments
+    # belong to this process's group.
+    _transient = frozenset({"_barrier", "_group_kwargs", "_kept_store"})
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = shared = self._shared_state
@@ -443,6 +509,20 @@ class PartialState(SharedState):
     def _reset_state() -> None:
         """Forget the shared state (Accelerate's name; tests use `reset_state()`)."""
         PartialState._clear_shared()
+
+    def _restore(self) -> None:
+        """Complete an unpickled state (hasten's, or Accelerate's attributes) and its barrier."""
+        state = self.__dict__
+        if "_spec" not in state:  # written by Accelerate: build what hasten keeps from it
+            _restore_accelerate_attributes(state)
+        missing = [name for name in _PICKLED_REQUIRED if name not in state]
+        if missing:
+            raise unreadable_state("PartialState", f"it has no {', '.join(missing)}")
+        self._group_kwargs = {}
+        if state.get("_group_destroyed"):
+            self._barrier = _destroyed_barrier(self.num_processes)
+        else:
+            self._barrier = _barrier_for(self._spec, self.device)
 
     def __repr__(self) -> str:
         backend = f"  Backend: {self.backend}" if self.backend else ""

@@ -43,6 +43,16 @@ class _IdentitySet:
         with contextlib.suppress(TypeError):
             self._refs.discard(obj)
 
+    def __getstate__(self) -> list[Any]:
+        # Pickled with the Accelerator (Accelerate's test_can_pickle_dataloader): the live
+        # objects, held weakly again once read back. Bare ids mean nothing in another process.
+        return list(self._refs)
+
+    def __setstate__(self, objects: list[Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        for obj in objects:
+            self.add(obj)
+
     def __contains__(self, obj: Any) -> bool:
         if id(obj) in self._ids:
             return True
