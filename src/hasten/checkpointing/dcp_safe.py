@@ -9,7 +9,8 @@ read in hasten goes through here instead:
   dataclasses, torch sizes, dtypes, layouts and memory formats, paths, plain containers);
 - `SafeLoadPlanner` loads bytes entries (``torch.save`` blobs) allowing only plain data and
   tensors -- ``weights_only=True``'s guarantee, through the C unpickler, so faster than DCP's
-  own ``weights_only=False`` load rather than slower;
+  own ``weights_only=False`` load rather than slower. It also keeps DCP's pre-2.4 fallback
+  away from indexes that carry a format version (see `SafeLoadPlanner.create_local_plan`);
 - `SafeFileSystemReader` is DCP's file-system reader with that index reader, and `safe_load`
   is ``dcp.load`` with both;
 - `load_tensor_item` decodes a tensor entry held in memory (a mapped file) without copying its
@@ -31,7 +32,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadPlan
 
 from hasten.checkpointing.io import UnsafeCheckpointError, in_place_loader
 from hasten.checkpointing.plain_pickle import PLAIN_GLOBALS, PLAIN_PICKLE, RestrictedUnpickler
@@ -110,6 +113,25 @@ def load_metadata(data: bytes, source: object) -> Metadata:
 
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, loading non-tensor entries with only plain data allowed."""
+
+    def create_local_plan(self) -> LoadPlan:
+        """DCP's plan, without its pre-2.4 fallback for an index that has a format version.
+
+        When the index holds keys the flattened state dict lacks, DCP assumes a checkpoint from
+        torch < 2.4 and flattens the state dict the old way, where an optimizer's
+        ``param_groups`` is one entry: ``Missing key in checkpoint state_dict:
+        <part>.param_groups``. But a process lacks keys for another reason too: FSDP1's
+        sharded state dicts are ShardedTensors, and DCP drops those of which this process holds
+        no chunk (a parameter with fewer rows than processes). DCP records a format version in
+        its index only since after that change (hasten's indexes always carry one), so for a
+        versioned index the fallback never applies: the keys this process lacks are simply not
+        read here, as DCP does when no old layout is suspected.
+        """
+        if not self.flatten_state_dict or self.metadata is None or self.metadata.version is None:
+            return super().create_local_plan()
+        return create_default_local_load_plan(
+            self.state_dict, self.metadata, not self.allow_partial_load
+        )
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         from torch.distributed.checkpoint._traverse import set_element

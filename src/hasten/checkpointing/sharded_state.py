@@ -282,7 +282,8 @@ def _mismatch(folder: Path, part: str, reason: str) -> ValueError:
     what = _part_label(part)
     return ValueError(
         f"The checkpoint's {what} ({folder / part}) does not match the {what.split()[0]} given: "
-        f"{reason}. Load a checkpoint saved from this model (same parameter names and shapes)."
+        f"{reason.rstrip('.')}. Load a checkpoint saved from this model (same parameter names "
+        "and shapes)."
     )
 
 
