@@ -189,7 +189,6 @@ def _restore_accelerate_attributes(state: dict[str, Any]) -> None:
         local_process_index=int(state["local_process_index"]),
         device_type=device.type,
         cpu=cpu,
-        use_deepspeed=distributed_type == DistributedType.DEEPSPEED,
     )
 
 
