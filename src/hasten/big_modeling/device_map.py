@@ -8,8 +8,9 @@ accelerator keys work on machines that have no accelerator.
 from __future__ import annotations
 
 import logging
+import numbers
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -59,27 +60,52 @@ def get_max_memory(
 ) -> dict[int | str, int]:
     """Return the bytes each device may use: the real free memory, or ``max_memory`` parsed.
 
-    Sizes may be strings (``"10GiB"``, ``"500MB"``). The result lists accelerators (integer
-    keys, sorted) first, then ``"mps"``, ``"cpu"``, ``"disk"``.
+    As in Accelerate, string sizes (``"10GiB"``, ``"500MB"``) are converted *in the dict
+    given* (transformers reads the converted values back from it) and numbers pass through
+    unchanged, floats included (transformers hands back ``0.9 * free`` for the CPU). The result
+    lists accelerators (integer keys, sorted) first, then ``"mps"``, ``"cpu"``, ``"disk"``.
 
     Raises:
-        ValueError: for an unknown device key or an unreadable size.
+        TypeError: ``max_memory`` is not a mapping.
+        ValueError: for an unknown device key or an unreadable size string.
     """
     if max_memory is None:
         return _free_memory()
     if not isinstance(max_memory, Mapping):
-        raise TypeError(f"max_memory must be a dict of device -> size, got {max_memory!r}")
-    parsed: dict[int | str, int] = {}
-    for key, value in max_memory.items():
-        if isinstance(key, bool) or not ((isinstance(key, int) and key >= 0) or key in _NAMED_KEYS):
+        raise TypeError(
+            f"max_memory must be a dict of device -> size, got {type(max_memory).__name__} "
+            f"{max_memory!r}; for example {{0: '10GiB', 'cpu': '30GiB'}}."
+        )
+    parsed: dict[Any, Any] = dict(max_memory)
+    for key, value in parsed.items():
+        if not (isinstance(key, int) or key in _NAMED_KEYS):
             raise ValueError(
                 f"max_memory has an unknown device {key!r}: allowed keys are accelerator "
                 "indices (0, 1, ...), 'mps', 'cpu' and 'disk'."
             )
-        parsed[key] = convert_file_size_to_int(value)
+        if isinstance(key, int) and key < 0:
+            logger.warning("max_memory names device %s, which is not an accelerator index.", key)
+        if isinstance(value, str):
+            parsed[key] = convert_file_size_to_int(value)
+            if isinstance(max_memory, MutableMapping):
+                max_memory[key] = parsed[key]
     ordered: list[int | str] = sorted(k for k in parsed if isinstance(k, int))
     ordered += [k for k in _NAMED_KEYS if k in parsed]
     return {k: parsed[k] for k in ordered}
+
+
+def _checked_budget(budget: Mapping[Any, Any]) -> None:
+    """Refuse a size that is not a number before planning with it.
+
+    Raises:
+        TypeError: naming the device and the value.
+    """
+    for key, value in budget.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"max_memory[{key!r}] is {value!r}; a size is a number of bytes or a string "
+                "with a unit such as '10GiB' or '500MB'."
+            )
 
 
 def _no_split(names: list[str] | str | None) -> list[str]:
@@ -120,6 +146,7 @@ def infer_auto_device_map(
         Module (or tensor) name -> device.
     """
     budget = get_max_memory(max_memory)
+    _checked_budget(budget)
     tree = ModuleTree(
         model,
         dtype=dtype,
@@ -249,6 +276,7 @@ def get_balanced_memory(
     """
     user_given = max_memory is not None
     budget = get_max_memory(max_memory)
+    _checked_budget(budget)
     accelerators = sorted(k for k, v in budget.items() if isinstance(k, int) and v > 0)
     if not accelerators:
         return budget

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -316,12 +319,37 @@ def test_get_max_memory_parses_sizes_orders_devices_and_rejects_unknown() -> Non
     assert got[1] == 2 * 10**9 and got["cpu"] == 2**30
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         get_max_memory({"gpu": "1GB"})
-    with pytest.raises(ValueError, match="unknown device -1"):
-        get_max_memory({-1: "1GB"})
     with pytest.raises(ValueError, match="not in a valid format"):
         get_max_memory({"cpu": "lots"})
     with pytest.raises(TypeError, match="dict"):
         get_max_memory(["cpu"])  # type: ignore[arg-type]
+
+
+def test_get_max_memory_accepts_what_accelerate_accepts(caplog: pytest.LogCaptureFixture) -> None:
+    # transformers multiplies the free CPU memory by 0.9 and passes the float back (trl's
+    # default from_pretrained(device_map="auto") path): numbers pass through unchanged.
+    given: dict[int | str, Any] = {"cpu": 21351215923.2, 0: "1GiB", "disk": np.int64(7)}
+    got = get_max_memory(given)
+    assert got == {0: 2**30, "cpu": 21351215923.2, "disk": 7}
+    assert type(got["cpu"]) is float
+    # Strings are converted in the caller's dict too: transformers' get_max_memory reads the
+    # user's max_memory back after calling Accelerate's and compares it with numbers.
+    assert given[0] == 2**30
+    with caplog.at_level(logging.WARNING):
+        assert get_max_memory({-1: "1GB"}) == {-1: 10**9}  # kept, with a warning
+    assert "not an accelerator index" in caplog.text
+    frozen = MappingProxyType({"cpu": "1KB"})
+    assert get_max_memory(frozen) == {"cpu": 1000}  # read-only mapping: only the result
+
+
+def test_planning_refuses_a_size_that_is_not_a_number() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match=r"max_memory\['cpu'\] is None; a size is a number"):
+        infer_auto_device_map(model, max_memory={"cpu": None})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"max_memory\[0\] is \[1\]"):
+        get_balanced_memory(model, max_memory={0: [1]})  # type: ignore[dict-item]
+    plan = infer_auto_device_map(model, max_memory={"cpu": 1e6})  # a float budget plans
+    assert plan == {"0": "cpu"}
 
 
 def test_get_max_memory_reads_free_memory_by_default() -> None:
