@@ -52,6 +52,8 @@ from hasten.config.project import (
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
+from hasten.core.coerce import whole_number
+from hasten.core.environment import str_to_bool
 from hasten.data_loader import prepare_data_loader as shard_data_loader
 from hasten.data_loader import skip_first_batches as skip_batches
 from hasten.ops import collectives
@@ -140,11 +142,13 @@ def _resolve_accumulation(
                 f"GradientAccumulationPlugin(num_steps={steps!r})."
             )
         return plugin
-    if isinstance(steps, bool) or not isinstance(steps, int):
+    count = whole_number(steps)  # np.int64(2) -> 2, as Accelerate accepts it
+    if count is None:
         raise TypeError(
             f"gradient_accumulation_steps must be an int >= 1, got {type(steps).__name__} "
             f"{steps!r}."
         )
+    steps = count
     source = "gradient_accumulation_steps"
     if steps == 1:  # the default: the launcher's setting applies
         from_env = envvars.setting("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
@@ -184,10 +188,16 @@ def _resolve_data_config(
     config: DataLoaderConfiguration | None, split_batches: Any
 ) -> DataLoaderConfiguration:
     config = config if config is not None else DataLoaderConfiguration()
-    if split_batches is not _UNSET:
-        if not isinstance(split_batches, bool):
-            raise TypeError(f"split_batches must be a bool, got {split_batches!r}.")
-        config.split_batches = split_batches
+    # Accelerate 1.15 ignores this deprecated argument; hasten applies it when it is given
+    # (None counts as not given), as a flag: a bool, a number, or text such as "true".
+    if split_batches is _UNSET or split_batches is None:
+        return config
+    if isinstance(split_batches, str):
+        try:
+            split_batches = str_to_bool(split_batches, to_bool=True)
+        except ValueError as err:
+            raise TypeError(f"split_batches must be a bool: {err}.") from None
+    config.split_batches = bool(split_batches)
     return config
 
 

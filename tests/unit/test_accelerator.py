@@ -141,8 +141,9 @@ def test_split_batches_argument_and_type() -> None:
     acc = Accelerator(cpu=True, split_batches=True)
     assert acc.split_batches
     assert acc.dataloader_config.split_batches
-    with pytest.raises(TypeError, match="split_batches must be a bool"):
-        Accelerator(cpu=True, split_batches="yes")  # type: ignore[arg-type]
+    assert Accelerator(cpu=True, split_batches="yes").split_batches  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="split_batches must be a bool: invalid truth value 'sure'"):
+        Accelerator(cpu=True, split_batches="sure")  # type: ignore[arg-type]
 
 
 def test_dataloader_config_views() -> None:

@@ -108,6 +108,10 @@ def _hooked_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return hook.post_forward(module, output)
 
 
+# What add_hook_to_module calls on a hook.
+_HOOK_METHODS = ("init_hook", "pre_forward", "post_forward", "detach_hook")
+
+
 def _is_graph_module(module: nn.Module) -> bool:
     # fx GraphModules freeze an instance-level forward; their hook goes on the (per-instance) class
     return "GraphModuleImpl" in str(type(module))
@@ -120,7 +124,13 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
         The module, with ``_hf_hook`` set and ``forward`` wrapped.
     """
     if not isinstance(hook, ModelHook):
-        raise TypeError(f"hook must be a ModelHook, got {type(hook).__name__}")
+        # Accelerate takes any object with the hook methods (duck typing), so does hasten.
+        missing = [name for name in _HOOK_METHODS if not callable(getattr(hook, name, None))]
+        if missing:
+            raise TypeError(
+                f"hook must be a ModelHook (or have its methods), got {type(hook).__name__} "
+                f"without {', '.join(missing)}; subclass hasten.hooks.ModelHook."
+            )
     state = module.__dict__
     if append and state.get("_hf_hook") is not None:
         previous: ModelHook = state["_hf_hook"]

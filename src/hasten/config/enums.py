@@ -53,7 +53,7 @@ def enum_value(value: Any) -> str:
     """Return the bare string of ``value``: a member's ``.value``, anything else's `str()`.
 
     Use it wherever a setting becomes text (env vars, config files, comparisons by spelling):
-    `str()` of a member is ``"Class.MEMBER"``, as in Accelerate.
+    `str()` of some members is ``"Class.MEMBER"``, as in Accelerate.
     """
     if isinstance(value, enum.Enum):
         return str(value.value)
@@ -61,7 +61,8 @@ def enum_value(value: Any) -> str:
 
 
 class _StrEnum(str, enum.Enum, metaclass=_ValueContainsMeta):
-    """Base of every hasten enum: a str equal to its value, printed like Accelerate's enums."""
+    """Base of every hasten enum: a str equal to its value, printed ``Class.MEMBER`` (as
+    Accelerate's enums that are not ``BaseEnum``s: DistributedType, ComputeEnvironment, ...)."""
 
     # Spelled out (not left to EnumType) so every Python version prints the same.
     def __str__(self) -> str:
@@ -91,7 +92,15 @@ class _StrEnum(str, enum.Enum, metaclass=_ValueContainsMeta):
         )
 
 
-BaseEnum = _StrEnum
+class _ValueStrEnum(_StrEnum):
+    """An enum that prints as its value, like those Accelerate derives from its ``BaseEnum``
+    (``str(PrecisionType.BF16) == "bf16"``; transformers and trl build strings from them)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+BaseEnum = _ValueStrEnum
 
 
 class ComputeEnvironment(_StrEnum):
@@ -144,7 +153,7 @@ class FP8BackendType(_StrEnum):
     AO = "AO"
 
 
-class DynamoBackend(_StrEnum):
+class DynamoBackend(_ValueStrEnum):
     """Backend handed to `torch.compile` (see https://pytorch.org/docs/stable/torch.compiler.html).
 
     NO disables compilation; INDUCTOR is PyTorch's default compiler; EAGER and AOT_EAGER are
@@ -169,7 +178,7 @@ class DynamoBackend(_StrEnum):
     NEURON = "NEURON"
 
 
-class LoggerType(_StrEnum):
+class LoggerType(_ValueStrEnum):
     """Experiment trackers hasten can log to; ALL means every one that is installed."""
 
     ALL = "all"
@@ -184,7 +193,7 @@ class LoggerType(_StrEnum):
     SWANLAB = "swanlab"
 
 
-class PrecisionType(_StrEnum):
+class PrecisionType(_ValueStrEnum):
     """Numeric policy: NO (full fp32), FP8, FP16 (half) or BF16 (brain float)."""
 
     NO = "no"
@@ -219,7 +228,7 @@ def parse_mixed_precision(value: Any, source: str, fix: str = "pass one of them"
     )
 
 
-class RNGType(_StrEnum):
+class RNGType(_ValueStrEnum):
     """Random number generators that can be synchronised across processes."""
 
     TORCH = "torch"
@@ -235,7 +244,7 @@ class RNGType(_StrEnum):
     GENERATOR = "generator"
 
 
-class DDPCommunicationHookType(_StrEnum):
+class DDPCommunicationHookType(_ValueStrEnum):
     """Gradient communication hook registered on a DistributedDataParallel model."""
 
     NO = "no"

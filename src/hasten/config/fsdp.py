@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from hasten.config import envvars
+from hasten.core.coerce import whole_number
 from hasten.core.constants import FSDP2_PYTORCH_VERSION
 from hasten.core.versions import is_torch_version
 
@@ -150,6 +151,10 @@ class FullyShardedDataParallelPlugin:
     def _resolve_version(self) -> None:
         if self.fsdp_version is None:
             self.fsdp_version = envvars.setting("FSDP_VERSION")
+        if isinstance(self.fsdp_version, str) and self.fsdp_version.strip() in ("1", "2"):
+            self.fsdp_version = int(self.fsdp_version)  # as from a config file or the CLI
+        elif whole_number(self.fsdp_version) in (1, 2):
+            self.fsdp_version = whole_number(self.fsdp_version)  # type: ignore[assignment]
         if self.fsdp_version not in (1, 2) or isinstance(self.fsdp_version, bool):
             raise ValueError(
                 f"FullyShardedDataParallelPlugin(fsdp_version={self.fsdp_version!r}) must be 1 or 2"

@@ -13,6 +13,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 from hasten.config import envvars
+from hasten.core.coerce import whole_number
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -133,9 +134,10 @@ class DeepSpeedSequenceParallelConfig:
 def _size(value: int | None, variable: str, field_name: str) -> int:
     if value is None:
         value = envvars.read_int(variable, 1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    size = whole_number(value)  # np.int64(2) and 2.0 count too, as in Accelerate
+    if size is None or size < 1:
         raise ValueError(f"ParallelismConfig({field_name}={value!r}) must be an int >= 1")
-    return value
+    return size
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from hasten.config.kwargs import KwargsHandler
+from hasten.core.coerce import whole_number
 
 __all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "ProjectConfiguration"]
 
@@ -31,19 +32,20 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
 
     def __post_init__(self) -> None:
-        if self.total_limit is not None and (
-            isinstance(self.total_limit, bool) or not isinstance(self.total_limit, int)
-        ):
-            raise TypeError(
-                f"ProjectConfiguration(total_limit={self.total_limit!r}) must be an int or None"
-            )
+        if self.total_limit is not None:
+            if whole_number(self.total_limit) is None:
+                raise TypeError(
+                    f"ProjectConfiguration(total_limit={self.total_limit!r}) must be an int or None"
+                )
+            self.total_limit = whole_number(self.total_limit)
         if self.total_limit is not None and self.total_limit <= 0:
             raise ValueError(
                 f"ProjectConfiguration(total_limit={self.total_limit!r}) must be >= 1 (the number "
                 "of saved states to keep), or None to keep them all"
             )
-        if isinstance(self.iteration, bool) or not isinstance(self.iteration, int):
+        if whole_number(self.iteration) is None:
             raise TypeError(f"ProjectConfiguration(iteration={self.iteration!r}) must be an int")
+        self.iteration = whole_number(self.iteration)  # type: ignore[assignment]
         if self.iteration < 0:
             raise ValueError(
                 f"ProjectConfiguration(iteration={self.iteration!r}) must be >= 0 (the number of "
@@ -84,12 +86,12 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
     def __post_init__(self) -> None:
-        if self.data_seed is not None and (
-            isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)
-        ):
+        if self.data_seed is not None and whole_number(self.data_seed) is None:
             raise TypeError(
                 f"DataLoaderConfiguration(data_seed={self.data_seed!r}) must be an int or None"
             )
+        if self.data_seed is not None:
+            self.data_seed = whole_number(self.data_seed)
 
 
 @dataclasses.dataclass
@@ -119,10 +121,11 @@ class GradientAccumulationPlugin(KwargsHandler):
         steps: Any = self.num_steps
         if steps is None:
             return
-        if isinstance(steps, bool) or not isinstance(steps, int):
+        if whole_number(steps) is None:
             raise TypeError(
                 f"GradientAccumulationPlugin(num_steps={steps!r}) must be an int, e.g. num_steps=4"
             )
+        steps = self.num_steps = whole_number(steps)  # np.int64(2) or 2.0 -> 2, as a plain int
         if steps < 1:
             raise ValueError(
                 f"GradientAccumulationPlugin(num_steps={steps!r}) must be >= 1 (1 means no "

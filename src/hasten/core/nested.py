@@ -202,6 +202,10 @@ def send_to_device(
     if device == "npu":
         # torch_npu cannot find its context on the first bare "npu" transfer
         device = "npu:0"
+    if (
+        non_blocking.__class__ is not bool
+    ):  # Accelerate takes any flag (1, None); torch wants a bool
+        non_blocking = bool(non_blocking)
     if type(tensor) is _Tensor:
         return tensor.to(device, non_blocking=non_blocking)
     if skip_keys is None:

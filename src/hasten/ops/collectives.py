@@ -240,6 +240,9 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
 
 def reduce_on(comm: Communicator, tensor: Any, reduction: str = "mean") -> Any:
     """`reduce` over the processes of ``comm`` (e.g. only the data-parallel replicas)."""
+    if reduction.__class__ is not str or reduction not in _REDUCTIONS:
+        # "MEAN" means mean (Accelerate would silently sum for any spelling but its own).
+        reduction = str(reduction).lower()
     if comm.num_processes == 1:
         _check_reduction(reduction, [])
         return recursively_apply(_clone, tensor, error_on_other_type=True)

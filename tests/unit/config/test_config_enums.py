@@ -101,15 +101,22 @@ ALL_ENUMS = [
 ]
 
 
+# Accelerate 1.15 derives these from its BaseEnum, whose __str__ is the value.
+_PRINT_VALUE = (DDPCommunicationHookType, DynamoBackend, LoggerType, PrecisionType, RNGType)
+
+
 def test_every_enum_is_covered() -> None:
     assert len(ALL_ENUMS) == 11
 
 
 @pytest.mark.parametrize("enum_cls", ALL_ENUMS, ids=lambda c: c.__name__)
 def test_members_print_like_accelerate(enum_cls: Any) -> None:
-    # Accelerate's enums are (str, Enum): str/format name the member, repr shows the value.
+    # Accelerate's (str, Enum)s: str/format name the member; its BaseEnum subclasses print the
+    # value. repr shows the value either way.
     for member in enum_cls:
         expected = f"{enum_cls.__name__}.{member.name}"
+        if enum_cls in _PRINT_VALUE:
+            expected = member.value
         assert str(member) == expected
         assert f"{member}" == expected
         assert format(member, ">60") == expected.rjust(60)
@@ -134,7 +141,11 @@ def test_members_hash_and_compare_like_their_values(enum_cls: Any) -> None:
 def test_accelerate_spellings() -> None:
     assert str(DistributedType.MULTI_CPU) == "DistributedType.MULTI_CPU"
     assert repr(DistributedType.MULTI_CPU) == "<DistributedType.MULTI_CPU: 'MULTI_CPU'>"
-    assert str(PrecisionType.BF16) == "PrecisionType.BF16"
+    # Accelerate's BaseEnum subclasses print their value (str and format).
+    assert str(PrecisionType.BF16) == "bf16" and f"{PrecisionType.BF16}" == "bf16"
+    assert str(DynamoBackend.INDUCTOR) == "INDUCTOR" and f"{LoggerType.ALL:>4}" == " all"
+    assert str(RNGType.TORCH) == "torch" and str(DDPCommunicationHookType.FP16) == "fp16"
+    assert str(CustomDtype.FP8) == "CustomDtype.FP8"
     assert enum_value("plain") == "plain" and enum_value(3) == "3"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hasten.config.project import (
@@ -77,10 +78,21 @@ def test_gradient_accumulation_plugin() -> None:
     [
         (0, ValueError, r"num_steps=0\) must be >= 1"),
         (-3, ValueError, r"num_steps=-3\) must be >= 1"),
-        (2.0, TypeError, r"num_steps=2.0\) must be an int"),
+        (2.5, TypeError, r"num_steps=2.5\) must be an int"),
         (True, TypeError, r"num_steps=True\) must be an int"),
     ],
 )
 def test_gradient_accumulation_validation(steps: object, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         GradientAccumulationPlugin(num_steps=steps)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("steps", [np.int64(2), 2.0, np.float32(2.0)])
+def test_whole_numbers_of_any_type_are_counts(steps: object) -> None:
+    # Accelerate stores them as given; hasten keeps plain ints.
+    plugin = GradientAccumulationPlugin(num_steps=steps)  # type: ignore[arg-type]
+    assert plugin.num_steps == 2 and type(plugin.num_steps) is int
+    config = ProjectConfiguration(total_limit=np.int64(3), iteration=np.int32(1))  # type: ignore[arg-type]
+    assert (config.total_limit, config.iteration) == (3, 1)
+    assert type(config.total_limit) is int
+    assert DataLoaderConfiguration(data_seed=np.int64(7)).data_seed == 7  # type: ignore[arg-type]
