@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,22 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from hasten.big_modeling.device_map import check_device_map, device_for, resolve_device_map
-from hasten.big_modeling.hooks import (
-    AlignDevicesHook,
-    CpuOffload,
-    UserCpuOffloadHook,
-    add_hook_to_module,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
-)
-from hasten.big_modeling.loading import checkpoint_files, load_checkpoint_in_model
-from hasten.big_modeling.offload import (
-    OffloadedWeightsLoader,
-    extract_submodules_state_dict,
-    offload_state_dict,
-)
-from hasten.big_modeling.tensors import as_device, find_tied_parameters, retie_parameters
+from hasten.big_modeling.device_map import device_for, resolve_device_map
+from hasten.big_modeling.hooks import AlignDevicesHook, CpuOffload, UserCpuOffloadHook
+from hasten.big_modeling.loading import checkpoint_files
+from hasten.big_modeling.offload import OffloadedWeightsLoader
+from hasten.big_modeling.tensors import as_device
 
 __all__ = [
     "cpu_offload",
@@ -40,6 +30,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 _META = torch.device("meta")
 _OFFLOAD_TARGETS = ("cpu", "disk")
+
+
+def _late() -> Any:
+    """``hasten.big_modeling``, through which the helpers below are called.
+
+    They are looked up there at each call, as Accelerate's ``big_modeling`` module globals are:
+    downstream code replaces them on that module (transformers swaps
+    ``accelerate.big_modeling.check_device_map`` for a no-op while it dispatches).
+    """
+    return sys.modules["hasten.big_modeling"]
 
 
 def _first_device(model: nn.Module) -> torch.device:
@@ -67,8 +67,8 @@ def cpu_offload(
         execution_device = _first_device(model)
     if state_dict is None:
         state_dict = {name: tensor.to("cpu") for name, tensor in model.state_dict().items()}
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
+    _late().add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    _late().attach_align_device_hook(
         model,
         execution_device=execution_device,
         offload=True,
@@ -93,7 +93,7 @@ def cpu_offload_with_hook(
         The model and its `UserCpuOffloadHook`.
     """
     hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
-    add_hook_to_module(model, hook, append=True)
+    _late().add_hook_to_module(model, hook, append=True)
     return model, UserCpuOffloadHook(model, hook)
 
 
@@ -107,12 +107,12 @@ def disk_offload(
     """Write the weights to ``offload_dir`` (unless an index is already there) and read each
     submodule's weights memory-mapped just before it runs."""
     if not (Path(offload_dir) / "index.json").is_file():
-        offload_state_dict(offload_dir, model.state_dict())
+        _late().offload_state_dict(offload_dir, model.state_dict())
     if execution_device is None:
         execution_device = _first_device(model)
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
+    _late().add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    _late().attach_align_device_hook(
         model,
         execution_device=execution_device,
         offload=True,
@@ -130,7 +130,7 @@ def _check_loaded(
     tensors = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers())
     if not any(tensor.device == _META for _, tensor in tensors):
         return
-    groups = {name: group for group in find_tied_parameters(model) for name in group}
+    groups = {name: group for group in _late().find_tied_parameters(model) for name in group}
     present: set[str] = set()
     missing: list[str] = []
     for name, tensor in tensors:
@@ -206,7 +206,7 @@ def dispatch_model(
         ValueError: bad map, disk blocks without ``offload_dir``, weights never loaded.
     """
     device_map = resolve_device_map(model, device_map)  # type: ignore[assignment]
-    check_device_map(model, device_map)
+    _late().check_device_map(model, device_map)
     devices = list(dict.fromkeys(device_map.values()))
     if len(devices) == 1 and devices[0] != "disk" and not force_hooks:
         _check_loaded(model, device_map, None, ())
@@ -220,7 +220,7 @@ def dispatch_model(
     offloaded = ("disk",) if main_is_host else _OFFLOAD_TARGETS
     cpu_blocks = [n for n, d in device_map.items() if d == "cpu"] if not main_is_host else []
     if state_dict is None and cpu_blocks:
-        state_dict = extract_submodules_state_dict(model.state_dict(), cpu_blocks)
+        state_dict = _late().extract_submodules_state_dict(model.state_dict(), cpu_blocks)
     disk_blocks = [n for n, d in device_map.items() if d == "disk"]
     if disk_blocks and offload_dir is None and offload_index is None:
         raise ValueError(
@@ -233,8 +233,8 @@ def dispatch_model(
         and offload_index is None
         and not (Path(offload_dir) / "index.json").is_file()
     ):
-        disk_state = extract_submodules_state_dict(model.state_dict(), disk_blocks)
-        offload_state_dict(offload_dir, disk_state)
+        disk_state = _late().extract_submodules_state_dict(model.state_dict(), disk_blocks)
+        _late().offload_state_dict(offload_dir, disk_state)
     weights_map = None
     if state_dict or disk_blocks:
         weights_map = OffloadedWeightsLoader(
@@ -243,14 +243,14 @@ def dispatch_model(
     _check_loaded(model, device_map, weights_map, offloaded)
     execution = {n: main_device if d in _OFFLOAD_TARGETS else d for n, d in device_map.items()}
     offload = {n: d in offloaded for n, d in device_map.items()}
-    tied = find_tied_parameters(model)
+    tied = _late().find_tied_parameters(model)
     tied_map: dict[int, dict[torch.device, torch.Tensor]] = {}
     for group in tied:
         for name in group:
             tensor = model.get_parameter(name)
             if tensor.device != _META:
                 tied_map[tensor.data_ptr()] = {}
-    attach_align_device_hook_on_blocks(
+    _late().attach_align_device_hook_on_blocks(
         model,
         execution_device=execution,
         offload=offload,
@@ -260,7 +260,7 @@ def dispatch_model(
         preload_module_classes=preload_module_classes,
         tied_params_map=tied_map,
     )
-    retie_parameters(model, tied)
+    _late().retie_parameters(model, tied)
     _guard_moves(model)
     model.__dict__["hf_device_map"] = dict(device_map)
     return model
@@ -318,7 +318,7 @@ def load_checkpoint_and_dispatch(
     )
     if offload_state_dict is None:
         offload_state_dict = _stage_cpu_weights(checkpoint, device_map)
-    load_checkpoint_in_model(
+    _late().load_checkpoint_in_model(
         model,
         checkpoint,
         device_map=device_map,
@@ -332,7 +332,7 @@ def load_checkpoint_and_dispatch(
     )
     if device_map is None:
         return model
-    return dispatch_model(
+    return _late().dispatch_model(
         model,
         device_map=device_map,
         offload_dir=offload_folder,

@@ -246,3 +246,28 @@ def test_buffers_of_disk_modules_come_from_the_checkpoint(
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(model(x), source(x))
+
+
+def test_dispatch_looks_its_helpers_up_on_the_package_when_called(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # transformers' skip_device_map_check() replaces accelerate.big_modeling.check_device_map
+    # with a no-op while it dispatches a model whose map leaves some parameters out.
+    import hasten.big_modeling as big_modeling
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    partial_map = {"0": "cpu"}  # "1" is not placed
+    with pytest.raises(ValueError, match="1.weight"):
+        hasten.dispatch_model(model, device_map=partial_map, force_hooks=True)
+    monkeypatch.setattr(big_modeling, "check_device_map", lambda *args, **kwargs: None)
+    dispatched = hasten.dispatch_model(model, device_map=partial_map, force_hooks=True)
+    assert dispatched.hf_device_map == partial_map
+    hooked: list[object] = []
+    original = big_modeling.add_hook_to_module
+    monkeypatch.setattr(
+        big_modeling,
+        "add_hook_to_module",
+        lambda module, hook, append=False: hooked.append(hook) or original(module, hook, append),
+    )
+    hasten.cpu_offload(nn.Linear(2, 2))
+    assert hooked, "cpu_offload called add_hook_to_module through hasten.big_modeling"
