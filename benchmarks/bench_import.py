@@ -21,13 +21,23 @@ SNIPPETS = {
 }
 
 
-def _time(code: str) -> float:
-    samples = []
+def _time_interleaved(snippets: dict[str, str]) -> dict[str, float]:
+    """Median wall time of each snippet in fresh interpreters, the snippets taking turns in each
+    round, so a load change on a shared machine hits every snippet alike."""
+    samples: dict[str, list[float]] = {name: [] for name in snippets}
     for _ in range(RUNS):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        for name, code in snippets.items():
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _modules_loaded(stmt: str) -> int:
+    """How many modules ``stmt`` loads after torch (the test pins the list itself)."""
+    code = f"import sys, torch\nbefore = set(sys.modules)\n{stmt}\nprint(len(set(sys.modules) - before))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return int(out.stdout)
 
 
 def _importtime_ms(code: str, package: str) -> float:
@@ -85,16 +95,19 @@ def _own_cost_ms(stmt: str) -> float:
 
 
 def main() -> None:
-    results = {}
-    for name, code in SNIPPETS.items():
-        if name.startswith("accelerate") and importlib.util.find_spec("accelerate") is None:
-            continue
-        results[name] = _time(code)
+    snippets = {
+        name: code
+        for name, code in SNIPPETS.items()
+        if not name.startswith("accelerate") or importlib.util.find_spec("accelerate") is not None
+    }
+    results = _time_interleaved(snippets)
+    modules = _modules_loaded("from hasten import Accelerator")
+    print(f"modules loaded by `from hasten import Accelerator` after torch: {modules}")
     print("own import cost after torch, torch's garbage collected first (median):")
     print(
         f"  from hasten import Accelerator: {_own_cost_ms('from hasten import Accelerator'):.1f} ms"
     )
-    if importlib.util.find_spec("accelerate") is not None:
+    if "accelerate.Accelerator" in results:
         ms = _own_cost_ms("from accelerate import Accelerator")
         print(f"  from accelerate import Accelerator: {ms:.1f} ms")
     print("cumulative import time after torch (-X importtime, median):")
@@ -105,6 +118,7 @@ def main() -> None:
         ms = _importtime_ms(SNIPPETS["accelerate.Accelerator"], "accelerate")
         print(f"  accelerate + Accelerator: {ms:.1f} ms")
     base = results["torch"]
+    print(f"fresh interpreters, interleaved (median of {RUNS}):")
     print(f"{'what':<26}{'median s':>10}{'over torch ms':>15}{'ratio':>8}")
     for name, seconds in results.items():
         print(f"{name:<26}{seconds:>10.3f}{(seconds - base) * 1e3:>15.1f}{seconds / base:>8.3f}")

@@ -18,35 +18,14 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
-from hasten.checkpointing import (
-    CheckpointContents,
-    CheckpointManager,
-    check_checkpointable,
-    save_model_weights,
-)
-from hasten.checkpointing import io as checkpoint_io
-from hasten.checkpointing.model import saves_model_in_mesh
-from hasten.checkpointing.sharded_state import optimizer_owner
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
 from hasten.config.enums import FP8BackendType, PrecisionType, parse_mixed_precision
-from hasten.config.kwargs import (
-    AORecipeKwargs,
-    AutocastKwargs,
-    DistributedDataParallelKwargs,
-    FP8RecipeKwargs,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    MSAMPRecipeKwargs,
-    ProfileKwargs,
-    TERecipeKwargs,
-)
 from hasten.config.project import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -54,27 +33,27 @@ from hasten.config.project import (
 )
 from hasten.core.coerce import whole_number
 from hasten.core.environment import str_to_bool
-from hasten.data_loader import prepare_data_loader as shard_data_loader
-from hasten.data_loader import skip_first_batches as skip_batches
-from hasten.ops import collectives
-from hasten.ops.comm import data_parallel_comm
 from hasten.optimizer import AcceleratedOptimizer
-from hasten.platforms.memory import release_memory
-from hasten.precision.fp8 import fp8_backend_from_env
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
 from hasten.strategies import DDPStrategy, Strategy, select_strategy
-from hasten.tracking.manager import TrackerManager
-from hasten.training import context_parallel, metrics, profiling
 from hasten.training.accumulation import GradientAccumulator
 from hasten.training.compile import compile_model
-from hasten.training.lomo import is_lomo_optimizer, lomo_backward
 from hasten.training.prepare import (
     PreparedRegistry,
     check_optimizer_device,
     make_backward,
 )
+
+# What a run may not use (checkpoints, data loaders, trackers, collectives, kwargs handlers,
+# profiling, fp8, LOMO) is imported inside the methods that use it, so that
+# `from hasten import Accelerator` loads only what every run needs (the list of modules it loads
+# is pinned by tests/unit/test_import_cost.py).
+if TYPE_CHECKING:
+    from hasten.checkpointing import CheckpointContents, CheckpointManager
+    from hasten.config.kwargs import AutocastKwargs, KwargsHandler, ProfileKwargs
+    from hasten.tracking.manager import TrackerManager
 
 __all__ = ["Accelerator"]
 
@@ -82,19 +61,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _UNSET: Any = object()
 
-# Which attribute of the Accelerator holds each kind of kwargs handler.
-_HANDLER_SLOTS: dict[type[KwargsHandler], str] = {
-    DistributedDataParallelKwargs: "ddp_handler",
-    GradScalerKwargs: "scaler_handler",
-    InitProcessGroupKwargs: "init_handler",
-    AutocastKwargs: "autocast_handler",
-    ProfileKwargs: "profile_handler",
-    # FP8RecipeKwargs subclasses the TE and MS-AMP recipes: it must be matched first.
-    FP8RecipeKwargs: "fp8_recipe_handler",
-    AORecipeKwargs: "ao_recipe_handler",
-    TERecipeKwargs: "te_recipe_handler",
-    MSAMPRecipeKwargs: "msamp_recipe_handler",
-}
+
+def _handler_slots() -> dict[type[KwargsHandler], str]:
+    """Which attribute of the Accelerator holds each kind of kwargs handler."""
+    from hasten.config import kwargs
+
+    return {
+        kwargs.DistributedDataParallelKwargs: "ddp_handler",
+        kwargs.GradScalerKwargs: "scaler_handler",
+        kwargs.InitProcessGroupKwargs: "init_handler",
+        kwargs.AutocastKwargs: "autocast_handler",
+        kwargs.ProfileKwargs: "profile_handler",
+        # FP8RecipeKwargs subclasses the TE and MS-AMP recipes: it must be matched first.
+        kwargs.FP8RecipeKwargs: "fp8_recipe_handler",
+        kwargs.AORecipeKwargs: "ao_recipe_handler",
+        kwargs.TERecipeKwargs: "te_recipe_handler",
+        kwargs.MSAMPRecipeKwargs: "msamp_recipe_handler",
+    }
+
+
 _FP8_SLOTS = (
     "fp8_recipe_handler",
     "ao_recipe_handler",
@@ -106,10 +91,11 @@ _FP8_SLOTS = (
 def _sort_handlers(handlers: Sequence[KwargsHandler] | None) -> dict[str, KwargsHandler]:
     """Map each handler to its Accelerator slot, refusing unknown types and duplicates."""
     found: dict[str, KwargsHandler] = {}
+    slots = _handler_slots() if handlers else {}
     for handler in handlers or ():
-        slot = next((s for cls, s in _HANDLER_SLOTS.items() if isinstance(handler, cls)), None)
+        slot = next((s for cls, s in slots.items() if isinstance(handler, cls)), None)
         if slot is None:
-            allowed = sorted(cls.__name__ for cls in _HANDLER_SLOTS)
+            allowed = sorted(cls.__name__ for cls in slots)
             raise TypeError(
                 f"Unsupported kwargs handler {handler!r}: kwargs_handlers accepts instances of "
                 f"{allowed}. Pass each handler as an instance, e.g. "
@@ -209,6 +195,15 @@ def _resolve_deepspeed(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
             "(deepspeed_plugins takes a dict of named plugins)."
         )
     return deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
+
+
+def _data_parallel_comm(mesh: Any) -> Any:
+    """Collectives over the data-parallel replicas of ``mesh`` (None: no mesh, every process)."""
+    if mesh is None:
+        return None
+    from hasten.ops.comm import data_parallel_comm
+
+    return data_parallel_comm(mesh)
 
 
 def _is_deepspeed_dummy(obj: Any, class_name: str) -> bool:
@@ -332,14 +327,17 @@ class Accelerator:
         if torch_tp_plugin is not None:
             torch_tp_plugin.torch_device_mesh = self.torch_device_mesh
         # Collectives of metrics over the data-parallel replicas (None: every process).
-        self._dp_comm = data_parallel_comm(self.torch_device_mesh)
+        self._dp_comm = _data_parallel_comm(self.torch_device_mesh)
         explicit_steps = gradient_accumulation_plugin is not None or accumulation.num_steps != 1
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
         self._setup_backends(explicit_steps)
-        self._trackers = TrackerManager(log_with, self.logging_dir, self.is_main_process)
-        self.log_with = self._trackers.log_with
+        self._tracker_manager: TrackerManager | None = None
+        self._tracker_args = (self.logging_dir, self.is_main_process)
+        if log_with is not None:  # checked now; without it the manager is built on first use
+            self._tracker_manager = self._new_tracker_manager(log_with)
+        self.log_with = self._trackers.log_with if log_with is not None else []
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
         self._models: list[nn.Module] = []
@@ -348,9 +346,32 @@ class Accelerator:
         self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
         self._prepared = PreparedRegistry()
-        self._checkpoints = CheckpointManager(self.project_configuration)
-        # With automatic checkpoint naming, SIGTERM/SIGUSR1 checkpoint and exit with code 75.
-        self._checkpoints.watch_preemption(self.save_state)
+        self._checkpoint_manager: CheckpointManager | None = None
+        if self.project_configuration.automatic_checkpoint_naming:
+            # SIGTERM/SIGUSR1 then checkpoint and exit with code 75 (needs a project_dir too).
+            self._checkpoints.watch_preemption(self.save_state)
+
+    @property
+    def _checkpoints(self) -> CheckpointManager:
+        """Checkpoint folders, hooks and pending saves (built when first needed)."""
+        if self._checkpoint_manager is None:
+            from hasten.checkpointing.manager import CheckpointManager
+
+            self._checkpoint_manager = CheckpointManager(self.project_configuration)
+        return self._checkpoint_manager
+
+    def _new_tracker_manager(self, log_with: Any) -> TrackerManager:
+        from hasten.tracking.manager import TrackerManager
+
+        logging_dir, is_main_process = self._tracker_args
+        return TrackerManager(log_with, logging_dir, is_main_process)
+
+    @property
+    def _trackers(self) -> TrackerManager:
+        """The trackers of ``log_with`` (built when first needed if none were asked for)."""
+        if self._tracker_manager is None:
+            self._tracker_manager = self._new_tracker_manager(None)
+        return self._tracker_manager
 
     def _setup_backends(self, explicit_steps: bool = False) -> None:
         """Pick strategy and precision once; everything per step dispatches through them."""
@@ -431,6 +452,8 @@ class Accelerator:
         config = self.parallelism_config
         if config is None:
             return self.is_local_main_process
+        from hasten.checkpointing.model import saves_model_in_mesh
+
         return saves_model_in_mesh(config, self.process_index)
 
     @property
@@ -466,7 +489,11 @@ class Accelerator:
     def fp8_backend(self) -> FP8BackendType:
         """The fp8 library in use (AO, TE or MSAMP); otherwise what ACCELERATE_FP8_BACKEND names."""
         backend = getattr(self.precision, "backend", None)
-        return backend if backend is not None else fp8_backend_from_env()
+        if backend is not None:
+            return backend
+        from hasten.precision.fp8 import fp8_backend_from_env
+
+        return fp8_backend_from_env()
 
     @property
     def deepspeed_plugin(self) -> Any:
@@ -529,6 +556,8 @@ class Accelerator:
     ) -> contextlib.AbstractContextManager[None]:
         """Shard ``buffers`` along ``buffer_seq_dims`` over the ``cp`` mesh for the block
         (context parallelism, CUDA only); without ``cp_size > 1`` it does nothing."""
+        from hasten.training import context_parallel
+
         return context_parallel.maybe_context_parallel(
             self.parallelism_config,
             self.torch_device_mesh,
@@ -875,7 +904,9 @@ class Accelerator:
         self._prepared.claim(data_loader, "data loader")
         place = self.device_placement if device_placement is None else device_placement
         config = self.dataloader_config
-        prepared = shard_data_loader(
+        from hasten.data_loader.prepare import prepare_data_loader
+
+        prepared = prepare_data_loader(
             data_loader,
             self.device,
             num_processes=self.num_processes,
@@ -922,7 +953,9 @@ class Accelerator:
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """Return a data loader that skips its first ``num_batches`` batches (to resume)."""
-        return skip_batches(dataloader, num_batches)
+        from hasten.data_loader.skip import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches)
 
     # ------------------------------------------------------------------ training step
 
@@ -943,6 +976,8 @@ class Accelerator:
         if kwargs.get("learning_rate") is not None and self.has_lomo_optimizer:
             # Accelerate's (and transformers' Trainer's) spelling of a LOMO step
             learning_rate = kwargs.pop("learning_rate")
+            from hasten.training.lomo import lomo_backward
+
             lomo_backward(self._optimizers, loss / self.gradient_accumulation_steps, learning_rate)
             return
         self._backward(loss, **kwargs)
@@ -950,6 +985,8 @@ class Accelerator:
     @property
     def has_lomo_optimizer(self) -> bool:
         """Whether a LOMO/AdaLomo optimizer (lomo-optim) was prepared."""
+        from hasten.training.lomo import is_lomo_optimizer
+
         return any(is_lomo_optimizer(opt) for opt in self._optimizers)
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
@@ -959,6 +996,8 @@ class Accelerator:
             ImportError: lomo-optim is missing.
             ValueError: no learning rate, or no (or several) LOMO optimizers were prepared.
         """
+        from hasten.training.lomo import lomo_backward
+
         lomo_backward(self._optimizers, loss, learning_rate)
 
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -1042,10 +1081,14 @@ class Accelerator:
 
     def gather(self, tensor: Any) -> Any:
         """Concatenate ``tensor`` (any nesting) from all processes along dim 0."""
+        from hasten.ops import collectives
+
         return collectives.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather evaluation outputs, dropping the samples duplicated to even out batches."""
+        from hasten.training import metrics
+
         comm = self._dp_comm
         return metrics.gather_for_metrics(
             input_data,
@@ -1059,6 +1102,8 @@ class Accelerator:
 
         With tensor/context parallelism only the data-parallel replicas are counted.
         """
+        from hasten.ops import collectives
+
         if self._dp_comm is not None:
             return collectives.reduce_on(self._dp_comm, tensor, reduction)
         return collectives.reduce(tensor, reduction, scale)
@@ -1067,6 +1112,8 @@ class Accelerator:
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
         """Pad ``tensor`` along ``dim`` to the largest size among processes."""
+        from hasten.ops import collectives
+
         return collectives.pad_across_processes(
             tensor, dim=dim, pad_index=pad_index, pad_first=pad_first
         )
@@ -1087,6 +1134,8 @@ class Accelerator:
         """Return True on every process if any process called `set_trigger` (then reset it)."""
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.device)
+        from hasten.ops import collectives
+
         flag = collectives.reduce(self.flag_tensor, "sum")
         if int(flag.item()) >= 1:
             self.flag_tensor = torch.tensor(0, device=self.device)
@@ -1160,6 +1209,8 @@ class Accelerator:
         self._dataloaders.clear()
         self._prepared.forget()
         self.step = 0
+        from hasten.platforms.memory import release_memory
+
         released = release_memory(*objects)
         gc.collect()
         return list(released) if isinstance(released, (list, tuple)) else [released]
@@ -1173,6 +1224,9 @@ class Accelerator:
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
         """Profile the enclosed block; one Chrome trace per process if an output dir is set."""
+        from hasten.config.kwargs import ProfileKwargs
+        from hasten.training import profiling
+
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with profiling.profile(handler, self.process_index, self.wait_for_everyone) as prof:
             yield prof
@@ -1191,7 +1245,9 @@ class Accelerator:
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per job (once per node with ``save_on_each_node``)."""
-        checkpoint_io.save(
+        from hasten.checkpointing import io
+
+        io.save(
             obj,
             f,
             save_on_each_node=self.project_configuration.save_on_each_node,
@@ -1210,6 +1266,8 @@ class Accelerator:
         Only the main process writes; tied weights are stored once. Sharded (FSDP2) models are
         gathered one shard file at a time: every process must call this.
         """
+        from hasten.checkpointing.model import save_model_weights
+
         parts = self.strategy.full_state_dict_parts(model)
         if parts is not None:
             held, gather = parts
@@ -1228,6 +1286,8 @@ class Accelerator:
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include ``objects`` (each with state_dict/load_state_dict) in save/load_state."""
+        from hasten.checkpointing.manager import check_checkpointable
+
         check_checkpointable(objects)
         self._custom_objects.extend(objects)
 
@@ -1240,6 +1300,9 @@ class Accelerator:
         return self._checkpoints.register_load_state_pre_hook(hook)
 
     def _checkpoint_contents(self, for_save: bool) -> CheckpointContents:
+        from hasten.checkpointing.sharded_state import optimizer_owner
+        from hasten.checkpointing.state import CheckpointContents
+
         if self.strategy.checkpoint_layout == "engine":  # DeepSpeed writes its parts itself
             if for_save and not self.sync_gradients:
                 warnings.warn(
@@ -1358,8 +1421,10 @@ class Accelerator:
 
         Every process waits for the others first, so none tears the group down under a peer.
         """
-        self._checkpoints.finish()
-        self._trackers.finish()
+        if self._checkpoint_manager is not None:
+            self._checkpoint_manager.finish()
+        if self._tracker_manager is not None:
+            self._tracker_manager.finish()
         self.wait_for_everyone()
         self.strategy.release()  # engines (DeepSpeed) go before the group they use
         self.state.destroy_process_group()

@@ -7,7 +7,7 @@ from typing import Any
 
 from hasten.config.enums import DynamoBackend, enum_value
 from hasten.config.envvars import env, fill_from_env
-from hasten.config.kwargs import KwargsHandler
+from hasten.config.handler import KwargsHandler
 from hasten.core.constants import TORCH_DYNAMO_MODES
 
 __all__ = ["TorchDynamoPlugin"]

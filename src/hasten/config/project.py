@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hasten.config.kwargs import KwargsHandler
+from hasten.config.handler import KwargsHandler
 from hasten.core.coerce import whole_number
 
 __all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "ProjectConfiguration"]

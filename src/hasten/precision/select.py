@@ -15,7 +15,6 @@ from hasten.core.versions import is_torch_version
 from hasten.platforms.checks import is_bf16_available
 from hasten.precision.amp import AmpPrecision, make_grad_scaler
 from hasten.precision.base import Precision
-from hasten.precision.fp8 import select_fp8
 
 __all__ = ["FP16_DEVICE_TYPES", "select_precision"]
 
@@ -95,6 +94,8 @@ def select_precision(
             "to train in fp8, or drop the recipe."
         )
     if value == "fp8":
+        from hasten.precision.fp8 import select_fp8  # its recipes' config loads only for fp8 runs
+
         return select_fp8(device, fp8_recipe, autocast_kwargs)
     if value == "no":
         return Precision(value)

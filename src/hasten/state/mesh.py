@@ -46,9 +46,12 @@ def resolve_parallelism_config(parallelism_config: Any, torch_tp_plugin: Any) ->
     Raises:
         ValueError: the plugin and the config ask for different tensor-parallel sizes.
     """
+    from_env = parallelism_config is None and envvars.read_flag("ACCELERATE_USE_PARALLELISM_CONFIG")
+    if torch_tp_plugin is None and not from_env:
+        return parallelism_config  # nothing to build: the config module is not even loaded
     from hasten.config.parallelism import ParallelismConfig
 
-    if parallelism_config is None and envvars.read_flag("ACCELERATE_USE_PARALLELISM_CONFIG"):
+    if from_env:
         parallelism_config = ParallelismConfig()
     if torch_tp_plugin is None:
         return parallelism_config

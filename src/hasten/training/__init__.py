@@ -1,17 +1,18 @@
-"""Orchestration of a training run: prepare, accumulation, metrics, compilation, profiling."""
+"""Orchestration of a training run: prepare, accumulation, metrics, compilation, profiling.
 
-from hasten.training.accumulation import GradientAccumulator
-from hasten.training.compile import compile_model, compile_regions
-from hasten.training.metrics import gather_for_metrics
-from hasten.training.prepare import PreparedRegistry, make_backward
-from hasten.training.profiling import profile
+Names resolve lazily from their modules, so the Accelerator loads only the pieces a run uses.
+"""
 
-__all__ = [
-    "GradientAccumulator",
-    "PreparedRegistry",
-    "compile_model",
-    "compile_regions",
-    "gather_for_metrics",
-    "make_backward",
-    "profile",
-]
+from hasten.core.lazy import lazy_namespace
+
+_TABLE: dict[str, list[str]] = {
+    "hasten.training.accumulation": ["GradientAccumulator"],
+    "hasten.training.compile": ["compile_model", "compile_regions"],
+    "hasten.training.metrics": ["gather_for_metrics"],
+    "hasten.training.prepare": ["PreparedRegistry", "make_backward"],
+    "hasten.training.profiling": ["profile"],
+}
+
+__getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())
+
+__all__ = sorted(name for names in _TABLE.values() for name in names)

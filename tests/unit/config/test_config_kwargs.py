@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 import torch
 
+from hasten.config import handler
 from hasten.config import kwargs as kw
 from hasten.config.enums import DDPCommunicationHookType
 from hasten.config.kwargs import (
@@ -38,11 +39,11 @@ def test_to_kwargs_ignores_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_class_defaults_are_computed_once_per_class() -> None:
-    kw._DEFAULTS.pop(AutocastKwargs, None)
+    handler._DEFAULTS.pop(AutocastKwargs, None)
     AutocastKwargs(enabled=False).to_kwargs()
-    cached = kw._DEFAULTS[AutocastKwargs]
+    cached = handler._DEFAULTS[AutocastKwargs]
     AutocastKwargs(cache_enabled=True).to_kwargs()
-    assert kw._DEFAULTS[AutocastKwargs] is cached
+    assert handler._DEFAULTS[AutocastKwargs] is cached
 
 
 def test_to_kwargs_handles_default_factory_and_required_fields() -> None:
