@@ -126,7 +126,9 @@ class AcceleratorState(SharedState):
         cpu = cpu or bool(envvars.setting("ACCELERATE_USE_CPU"))
         if shared:
             self._check_initialized(mixed_precision, cpu)
-            if _from_accelerator:  # a new Accelerator after end_training(): a new group
+            if not PartialState._shared_state:  # PartialState._reset_state() alone: set it up again
+                self._rejoin_partial(PartialState(self._cpu, **kwargs))
+            elif _from_accelerator:  # a new Accelerator after end_training(): a new group
                 self._partial._restart_process_group()
             return
         if not _from_accelerator:
@@ -185,6 +187,13 @@ class AcceleratorState(SharedState):
         self._attach_engine_plugins(mixed_precision)
         partial.distributed_type = self.engine.distributed_type
         self._enable_tf32_for_dynamo()
+
+    def _rejoin_partial(self, partial: PartialState) -> None:
+        """Take the process facts from a PartialState set up again after its reset (as Accelerate)."""
+        for name in _COPIED:
+            setattr(self, name, getattr(partial, name))
+        self._partial = partial
+        partial.distributed_type = self.engine.distributed_type
 
     @property
     def _context_parallel(self) -> bool:
@@ -426,8 +435,9 @@ class AcceleratorState(SharedState):
     def __getattr__(self, name: str) -> Any:
         if name in _KNOWN_ATTRS or name == "_cpu":
             raise AttributeError(
-                f"AcceleratorState has no attribute {name!r} because the state was reset "
-                "(reset_state() / AcceleratorState._reset_state()) and not set up again. "
-                "Create Accelerator() before using it."
+                f"`AcceleratorState` object has no attribute `{name}`. This happens if "
+                "`AcceleratorState._reset_state()` was called and an `Accelerator` or "
+                "`PartialState` was not reinitialized. (hasten's reset_state() resets it too.) "
+                "Create Accelerator() again before using the state."
             )
         raise AttributeError(f"'AcceleratorState' object has no attribute {name!r}")

@@ -536,8 +536,9 @@ class PartialState(SharedState):
     def __getattr__(self, name: str) -> Any:
         if name in _KNOWN_ATTRS:
             raise AttributeError(
-                f"PartialState has no attribute {name!r} because the state was reset "
-                "(reset_state() / PartialState._reset_state()) and not set up again. "
-                "Create PartialState() or Accelerator() before using it."
+                f"`PartialState` object has no attribute `{name}`. This happens if "
+                "`PartialState._reset_state()` was called and an `Accelerator` or "
+                "`PartialState` was not reinitialized. (hasten's reset_state() resets it too.) "
+                "Create PartialState() or Accelerator() again before using the state."
             )
         raise AttributeError(f"'PartialState' object has no attribute {name!r}")

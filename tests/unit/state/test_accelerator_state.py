@@ -178,10 +178,23 @@ def test_reset_state_variants() -> None:
     state = make()
     AcceleratorState._reset_state()
     assert not is_initialized() and PartialState().initialized
-    with pytest.raises(AttributeError, match="state was reset"):
+    # Accelerate's sentence first (its tests match it), then hasten's fix.
+    with pytest.raises(
+        AttributeError,
+        match=r"^`AcceleratorState` object has no attribute `device`\. This happens if "
+        r"`AcceleratorState\._reset_state\(\)` was called .* Create Accelerator\(\) again",
+    ):
         _ = state.device
     with pytest.raises(AttributeError, match="has no attribute 'nonsense'"):
         _ = state.nonsense
     make()
     AcceleratorState._reset_state(reset_partial_state=True)
     assert not PartialState._shared_state
+
+
+def test_partial_reset_alone_is_set_up_again_by_the_next_accelerator_state() -> None:
+    state = make()
+    PartialState._reset_state()
+    again = AcceleratorState()
+    assert again.is_main_process and PartialState._shared_state
+    assert again.num_processes == 1 and again.distributed_type == state.distributed_type

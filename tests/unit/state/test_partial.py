@@ -61,7 +61,11 @@ def test_reset_forgets_and_explains(monkeypatch: pytest.MonkeyPatch) -> None:
     register_reset_hook(lambda: calls.append(1))
     reset_state()
     assert calls and not state.initialized
-    with pytest.raises(AttributeError, match="state was reset"):
+    with pytest.raises(
+        AttributeError,
+        match=r"^`PartialState` object has no attribute `device`\. This happens if "
+        r"`PartialState\._reset_state\(\)` was called .* Create PartialState\(\)",
+    ):
         _ = state.device
     with pytest.raises(AttributeError, match="has no attribute 'nonsense'"):
         _ = state.nonsense
