@@ -33,12 +33,14 @@ class _Worker:
 
     def __call__(self, *args: Any) -> Any:
         if self.set_ranks:
-            # start_processes passes the process index first; publish it like torchrun would.
+            # start_processes passes the process index first; publish it like torchrun would
+            # (one debug process publishes none: it is a plain single process, as in Accelerate).
             index, args = args[0], args[1:]
-            for name in ("RANK", "LOCAL_RANK"):
-                envvars.write(name, index)
-            envvars.write("WORLD_SIZE", self.world_size)
-            envvars.write("LOCAL_WORLD_SIZE", self.world_size)
+            if self.world_size > 1:
+                for name in ("RANK", "LOCAL_RANK"):
+                    envvars.write(name, index)
+                envvars.write("WORLD_SIZE", self.world_size)
+                envvars.write("LOCAL_WORLD_SIZE", self.world_size)
         _reset_hasten_state()
         return self.function(*args)
 
@@ -181,7 +183,8 @@ def debug_launcher(
 ) -> None:
     """Run ``function(*args)`` on `num_processes` forked CPU processes joined by gloo.
 
-    For tests and debugging only: everything runs on CPU on this machine.
+    For tests and debugging only: everything runs on CPU on this machine. With one process
+    there is no process group: the state is ``DistributedType.NO``, as in Accelerate.
 
     Raises:
         ValueError: `num_processes` < 1.
@@ -191,13 +194,13 @@ def debug_launcher(
         raise ValueError(f"num_processes={num_processes!r} must be >= 1.")
     from torch.multiprocessing import start_processes  # deferred: imports all of torch
 
-    with patch_environment(
-        world_size=str(num_processes),
-        master_addr="127.0.0.1",
-        master_port=_free_port(),
-        accelerate_mixed_precision="no",
-        accelerate_use_cpu="yes",
-    ):
+    # One process runs without a process group (DistributedType.NO, as Accelerate's).
+    group = (
+        {"world_size": str(num_processes), "master_addr": "127.0.0.1", "master_port": _free_port()}
+        if num_processes > 1
+        else {}
+    )
+    with patch_environment(**group, accelerate_mixed_precision="no", accelerate_use_cpu="yes"):
         worker = _Worker(function, set_ranks=True, world_size=num_processes)
         start_processes(worker, args=args, nprocs=num_processes, start_method="fork")
     sys.stdout.flush()

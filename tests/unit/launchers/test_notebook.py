@@ -39,6 +39,20 @@ def test_debug_launcher_runs_two_cpu_processes(tmp_path: Path) -> None:
     assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["2 3 no", "2 3 no"]
 
 
+def _record_state(out_dir: str) -> None:
+    from hasten import Accelerator
+
+    accelerator = Accelerator()
+    Path(out_dir, "state").write_text(f"{accelerator.distributed_type} {accelerator.num_processes}")
+
+
+@pytest.mark.timeout(60)
+def test_debug_launcher_with_one_process_is_a_plain_single_process(tmp_path: Path) -> None:
+    # As Accelerate's: no process group, so DistributedType.NO (its test_sync relies on it).
+    debug_launcher(_record_state, args=(str(tmp_path),), num_processes=1)
+    assert (tmp_path / "state").read_text() == "DistributedType.NO 1"
+
+
 @pytest.mark.timeout(60)
 def test_notebook_launcher_runs_two_processes_with_precision(tmp_path: Path) -> None:
     from _support.distributed import free_port
