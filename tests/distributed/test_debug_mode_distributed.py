@@ -46,3 +46,30 @@ def test_debug_mode_shape_mismatch_raises_on_every_rank() -> None:
         assert out["same"] == [2.0, 2.0, 2.0]
         assert "rank 0: gather of tensor[4, 3]; rank 1: gather of tensor[5, 3]" in out["message"]
         assert "rank 0: reduce of {a: tensor[2]}; rank 1: gather of {a: tensor[2]}" in out["other"]
+
+
+def _toggled_at_run_time() -> dict[str, Any]:
+    from hasten.ops.collectives import pad_across_processes, reduce
+    from hasten.ops.debug import DistributedOperationException
+    from hasten.state import PartialState
+
+    state = PartialState()
+    rank = state.process_index
+    reduce(torch.ones(2))  # the communicator is chosen (and cached) with debug mode off
+    state.debug = True  # Accelerate's test_ops switches it on like this
+    data = torch.ones(1, 5) if rank == 0 else torch.ones(1, 1, 6)
+    try:
+        pad_across_processes(data, dim=0)
+    except DistributedOperationException as err:
+        raised = str(err)
+    else:
+        raised = "no error"
+    state.debug = False
+    return {"raised": raised, "after": reduce(torch.ones(2), reduction="sum").tolist()}
+
+
+@pytest.mark.timeout(60)
+def test_debug_mode_switched_on_through_the_state_applies_to_the_next_collective() -> None:
+    for out in run_distributed(_toggled_at_run_time, timeout=45):
+        assert "rank 0: pad_across_processes" in out["raised"], out["raised"]
+        assert out["after"] == [2.0, 2.0]

@@ -9,7 +9,7 @@ goes through `hasten.state.recorder.guarded`, so a timeout names what each rank 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -46,8 +46,11 @@ class Communicator(Protocol):
 
     num_processes: int
     process_index: int
-    debug: bool
     device: torch.device
+
+    @property
+    def debug(self) -> bool:
+        """Whether collectives check that every process passes matching shapes first."""
 
     def all_gather(self, flat: torch.Tensor, op: str, data: Any = None) -> torch.Tensor:
         """Return every process's ``flat`` concatenated in process order (one new 1-D buffer)."""
@@ -107,18 +110,29 @@ class TorchComm:
         device: torch.device,
         debug: bool = False,
         group: Any = None,
+        state: Mapping[str, Any] | None = None,
     ) -> None:
         self.num_processes = num_processes
         self.process_index = process_index
         self.backend = backend
         self.device = device
-        self.debug = debug
+        self._debug = debug
+        # The process state's shared dict: its ``debug`` is read at each collective, so
+        # ``PartialState().debug = True`` takes effect at once (Accelerate's test_ops does it).
+        self._state = state
         # None: the default group; else a subgroup (e.g. the data-parallel replicas of a mesh),
         # whose members are numbered 0..num_processes-1 here and in `broadcast`'s ``src``.
         self.group = group
         self._on: dict[str, Any] = {} if group is None else {"group": group}
         # Gather straight into one buffer; older gloo builds lack it and we fall back once.
         self._gather_into = True
+
+    @property
+    def debug(self) -> bool:
+        """Whether collectives check shapes first (ACCELERATE_DEBUG_MODE or ``state.debug``)."""
+        if self._state is not None:
+            return bool(self._state.get("debug", False))
+        return self._debug
 
     def all_gather(self, flat: torch.Tensor, op: str, data: Any = None) -> torch.Tensor:
         """Gather ``flat`` from every process into one rank-major buffer."""
@@ -200,7 +214,7 @@ def _choose() -> Communicator:
         process_index=dist.get_rank(),
         backend=backend,
         device=device,
-        debug=bool(getattr(state, "debug", False)),
+        state=state.__dict__,
     )
 
 
@@ -220,6 +234,7 @@ def group_comm(group: Any) -> Communicator:
         device=base.device,
         debug=base.debug,
         group=group,
+        state=getattr(base, "_state", None),
     )
 
 
