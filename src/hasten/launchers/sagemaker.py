@@ -75,11 +75,12 @@ def _parse_value(text: str) -> Any:
 def convert_nargs_to_dict(nargs: Sequence[str]) -> dict[str, Any]:
     """Turn script arguments into SageMaker hyperparameters.
 
-    ``["--lr", "0.1", "--name=x", "--fp16"]`` -> ``{"lr": 0.1, "name": "x", "fp16": True}``:
-    numbers and true/false are typed, a flag without a value is True.
+    ``["--lr", "0.1", "--name=x", "--fp16", "True"]`` -> ``{"lr": 0.1, "name": "x", "fp16": True}``:
+    numbers and true/false are typed. Every argument needs a value: SageMaker hands each
+    hyperparameter back to the script as ``--name value``, which a ``store_true`` flag rejects.
 
     Raises:
-        ValueError: an argument is not ``--name``, ``--name value`` or ``--name=value``.
+        ValueError: an argument is not ``--name value`` or ``--name=value``.
     """
     result: dict[str, Any] = {}
     items = list(nargs)
@@ -94,11 +95,16 @@ def convert_nargs_to_dict(nargs: Sequence[str]) -> dict[str, Any]:
         name, sep, value = item.lstrip("-").partition("=")
         if sep:
             result[name] = _parse_value(value)
-        elif index + 1 < len(items) and not items[index + 1].startswith("--"):
+        elif index + 1 < len(items) and not items[index + 1].startswith("-"):
             index += 1
             result[name] = _parse_value(items[index])
         else:
-            result[name] = True
+            raise ValueError(
+                "SageMaker doesn't support argparse actions for `store_true` or `store_false`. "
+                f"Please define explicit types. (hasten: {item!r} has no value; SageMaker "
+                f"passes it back to the script as `{item} <value>`, so give one, e.g. "
+                f"`{item} True`, and parse it with an explicit type in the script.)"
+            )
         index += 1
     return result
 
