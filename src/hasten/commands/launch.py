@@ -23,7 +23,7 @@ from hasten.launchers.deepspeed import (
     uses_deepspeed_runner,
     write_deepspeed_env,
 )
-from hasten.launchers.elastic import run, run_workers, script_command
+from hasten.launchers.elastic import choose_port, run, run_workers, script_command
 from hasten.launchers.env import plugin_env, setup_fp8_env, worker_env
 from hasten.launchers.options import add_option_flags, check_parallelism_sizes, option_env
 from hasten.launchers.plan import RDZV_BACKENDS, SETTINGS, LaunchPlan, build_plan, resolve_settings
@@ -415,10 +415,57 @@ def _full_env(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, str]]:
     return plan, {**envvars.snapshot(), **env}
 
 
-def _with_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """`args` with the attributes `plan_from_args` reads filled in (for hand-made namespaces)."""
-    defaults = vars(launch_command_parser().parse_args([getattr(args, "training_script", "")]))
+def _with_defaults(args: argparse.Namespace, script: str = "") -> argparse.Namespace:
+    """`args` with the attributes `plan_from_args` reads filled in (for hand-made namespaces).
+
+    `script` stands in when `args` names no training script (for helpers that need none).
+    """
+    script = getattr(args, "training_script", None) or script
+    defaults = vars(launch_command_parser().parse_args([script]))
     return argparse.Namespace(**{**defaults, **vars(args)})
+
+
+# Config-file sections whose keys are launch flags, and the engine each belongs to (None: always).
+_CONFIG_SECTIONS = {
+    "dynamo_config": None,
+    "fsdp_config": "use_fsdp",
+    "deepspeed_config": "use_deepspeed",
+    "megatron_lm_config": "use_megatron_lm",
+    "parallelism_config": "use_parallelism_config",
+}
+_ENGINE_TYPES = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
+
+
+def _validate_launch_command(
+    args: argparse.Namespace,
+) -> tuple[argparse.Namespace, dict[str, Any] | None, bool]:
+    """Fill, in place, each flag that was not given from the config file (Accelerate's name).
+
+    Returns ``(args, the config file as a dict or None, whether mixed_precision came from the
+    config file)``. ``hasten launch`` resolves the same precedence itself (`plan_from_args`);
+    this is for code that reads a launch's effective flags. A section's keys (``fsdp_config``,
+    ``deepspeed_config``, ...) are taken only when that engine is on, since an ``--fsdp_*`` flag
+    switches FSDP on in hasten.
+    """
+    for name, value in vars(_with_defaults(args)).items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    config = load_launch_config(args.config_file)
+    if config is None:
+        return args, None, False
+    engine = _ENGINE_TYPES.get(str(enum_value(config.get("distributed_type", "NO"))).upper())
+    values = {k: v for k, v in config.items() if not isinstance(v, dict)}
+    for section, switch in _CONFIG_SECTIONS.items():
+        if switch is None or switch == engine or getattr(args, switch, None):
+            values.update(config.get(section) or {})
+    mixed_precision_from_config = False
+    for name, value in values.items():
+        if value is not None and hasattr(args, name) and getattr(args, name) is None:
+            setattr(args, name, value)
+            mixed_precision_from_config |= name == "mixed_precision"
+    if engine is not None and getattr(args, engine) is None:
+        setattr(args, engine, True)
+    return args, config, mixed_precision_from_config
 
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -431,9 +478,12 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     """Return the environment ``hasten launch`` gives its elastic workers (before their ranks).
 
     torch's agent adds ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT`` to it
-    for each worker.
+    for each worker. As Accelerate's, it records the rendezvous port in ``args.master_port``
+    (a free one when ``main_process_port`` is 0 or taken on a single machine); `args` needs no
+    training script.
     """
-    _, env = _full_env(_with_defaults(args))
+    plan, env = _full_env(_with_defaults(args, script="<training script>"))
+    args.master_port = str(choose_port(plan))
     return env
 
 

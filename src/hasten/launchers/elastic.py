@@ -21,6 +21,7 @@ from hasten.launchers.env import apply_worker_env
 from hasten.launchers.plan import LaunchPlan
 
 __all__ = [
+    "choose_port",
     "format_failures",
     "launch_config",
     "run",
@@ -65,7 +66,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _choose_port(plan: LaunchPlan) -> int:
+def choose_port(plan: LaunchPlan) -> int:
     """Return the rendezvous port: the plan's, or a free one on a single machine when taken."""
     port = plan.main_process_port
     if plan.num_machines == 1:
@@ -161,7 +162,7 @@ def run_workers(plan: LaunchPlan, env: Mapping[str, str]) -> int:
     # one machine hasten restarts the group itself, each attempt on a fresh store and port.
     attempts = plan.max_restarts + 1 if plan.num_machines == 1 else 1
     for attempt in range(attempts):
-        config = launch_config(plan, _choose_port(plan) if attempt == 0 else _free_port())
+        config = launch_config(plan, choose_port(plan) if attempt == 0 else _free_port())
         if attempts > 1:
             config.max_restarts = 0
             # Each attempt's agent counts from 0; the bootstrap turns this into the worker's

@@ -308,14 +308,21 @@ def option_env(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, str]:
     """The worker variables of the flags that were given (``--fsdp_*`` imply ``--use_fsdp``)."""
     values = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
     env: dict[str, str] = {}
+    # An engine switched off explicitly (``use_fsdp=False`` in a namespace built by hand, as
+    # Accelerate's helpers take) keeps its section's values out, as in Accelerate.
+    off = set()
     for flag, variable in ENGINE_SWITCHES.items():
-        if values.get(flag.removeprefix("--")):
+        switch = values.get(flag.removeprefix("--"))
+        if switch:
             env[variable] = "true"
-    for option in LAUNCH_OPTIONS:
+        elif switch is False:
+            off.add(variable)
+    options = [o for o in LAUNCH_OPTIONS if _IMPLIED[_GROUPS[o.section][1]] not in off]
+    for option in options:
         value = values.get(option.dest)
         if value is not None:
             env[option.env] = str(value)
-    given = [o.dest for o in _DEEPSPEED_OPTIONS if values.get(o.dest) is not None]
+    given = [o.dest for o in _DEEPSPEED_OPTIONS if o in options and values.get(o.dest) is not None]
     if given:
         env[DS_FIELDS_VARIABLE] = ",".join(given)
         env.setdefault("ACCELERATE_USE_DEEPSPEED", "true")

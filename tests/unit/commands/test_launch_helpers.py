@@ -105,6 +105,24 @@ def test_prepare_helpers_fill_a_hand_made_namespace(monkeypatch: pytest.MonkeyPa
     assert command == [sys.executable, "t.py"]
 
 
+def test_prepare_multi_gpu_env_takes_accelerate_style_namespaces() -> None:
+    # Accelerate's helpers take a namespace with every flag spelled out (False/0 when unused),
+    # no training script, and record the chosen port in args.master_port (0: a free one).
+    args = argparse.Namespace(
+        num_processes=1,
+        main_process_port=0,
+        use_fsdp=False,
+        fsdp_reshard_after_forward=False,
+        fsdp_min_num_params=0,
+        use_deepspeed=False,
+        zero_stage=None,
+    )
+    env = prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit() and args.master_port != "0"
+    assert "ACCELERATE_USE_FSDP" not in env and "FSDP_MIN_NUM_PARAMS" not in env
+    assert "ACCELERATE_USE_DEEPSPEED" not in env
+
+
 def test_simple_launcher_runs_once_and_raises_on_failure(tmp_path: Path) -> None:
     script = tmp_path / "s.py"
     script.write_text(
@@ -132,3 +150,34 @@ def test_multi_gpu_launcher_uses_the_elastic_workers(monkeypatch: pytest.MonkeyP
     assert seen["env"]["ACCELERATE_USE_CPU"] == "true"
     with pytest.raises(subprocess.CalledProcessError, match="exit status 4"):
         multi_gpu_launcher(_parse("--cpu", "--num_processes", "2", "t.py", "4"))
+
+
+def test_validate_launch_command_fills_flags_not_given_from_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\ndebug: true\n"
+        "num_processes: 1\nmixed_precision: bf16\nuse_cpu: true\n"
+        "fsdp_config:\n  fsdp_sync_module_states: false\n"
+        "deepspeed_config:\n  deepspeed_config_file: ignored.json\n"
+    )
+    args = _parse("--num-processes", "2", "--config-file", str(config), "t.py")
+    same, loaded, mixed_precision_from_config = launch._validate_launch_command(args)
+    assert same is args and loaded is not None and mixed_precision_from_config
+    assert args.num_processes == 2  # the flag wins
+    assert args.debug is True and args.use_cpu is True and args.mixed_precision == "bf16"
+    assert args.fsdp_sync_module_states is False and args.use_fsdp is True
+    # deepspeed_config belongs to another engine: not taken (an --zero_* flag turns DeepSpeed on)
+    assert args.deepspeed_config_file is None
+
+
+def test_validate_launch_command_without_a_config_leaves_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = argparse.Namespace(training_script="t.py", config_file=str(tmp_path / "none.yaml"))
+    with pytest.raises(FileNotFoundError):
+        launch._validate_launch_command(args)
+    monkeypatch.setattr(launch, "load_launch_config", lambda path: None)
+    args = _parse("--num-processes", "2", "t.py")
+    before = dict(vars(args))
+    assert launch._validate_launch_command(args) == (args, None, False)
+    assert vars(args) == before

@@ -87,9 +87,9 @@ def test_single_machine_moves_off_a_busy_port() -> None:
     sock, port = _busy_port()
     with sock:
         plan = LaunchPlan("t.py", num_processes=2, main_process_port=port)
-        chosen = elastic._choose_port(plan)
+        chosen = elastic.choose_port(plan)
         assert chosen != port
-        assert elastic._choose_port(LaunchPlan("t.py", num_processes=2, main_process_port=0)) > 0
+        assert elastic.choose_port(LaunchPlan("t.py", num_processes=2, main_process_port=0)) > 0
 
 
 def test_main_machine_refuses_a_busy_port() -> None:
@@ -97,7 +97,7 @@ def test_main_machine_refuses_a_busy_port() -> None:
     with sock:
         plan = LaunchPlan("t.py", num_processes=2, num_machines=2, main_process_port=port)
         with pytest.raises(RuntimeError, match="already in use"):
-            elastic._choose_port(plan)
+            elastic.choose_port(plan)
 
 
 def test_single_process_runs_directly_and_propagates_exit_code(tmp_path: Path) -> None:
