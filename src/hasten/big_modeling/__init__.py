@@ -38,6 +38,10 @@ from hasten.big_modeling.offload import (
 from hasten.big_modeling.offload import offload_state_dict as offload_state_dict
 from hasten.big_modeling.tensors import find_tied_parameters as find_tied_parameters
 from hasten.big_modeling.tensors import retie_parameters as retie_parameters
+from hasten.config.parallelism import refuse_recurrent_layers
+
+# Accelerate's private name for the sequence-parallel model check (its tests import it here).
+_refuse_recurrent_layers_under_sequence_parallelism = refuse_recurrent_layers
 
 __all__ = [
     "attach_layerwise_casting_hooks",

@@ -24,11 +24,42 @@ __all__ = [
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
+    "refuse_recurrent_layers",
 ]
 
 _MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 _CP_STRATEGIES = ("allgather", "alltoall")
 _SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
+
+
+def refuse_recurrent_layers(model: Any) -> None:
+    """Refuse a model with linear-attention layers before sequence parallelism shards it.
+
+    Ulysses sequence parallelism gathers the whole sequence around the attention calls it wraps.
+    A linear-attention layer keeps a running state along the sequence inside the model's own
+    code, so each rank would start that state from zero: silently wrong gradients. Reads the
+    ``layer_types`` of the model's (text) config; a model without them passes.
+
+    Raises:
+        ValueError: the config lists linear-attention layer types.
+    """
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    found = sorted(
+        {
+            str(kind)
+            for kind in getattr(config, "layer_types", None) or ()
+            if "linear_attention" in str(kind)
+        }
+    )
+    if found:
+        raise ValueError(
+            f"{type(model).__name__} has layers of type {found}, which sequence parallelism "
+            "cannot shard: they carry a state along the sequence that each rank would restart "
+            "from zero, giving wrong gradients without an error. Use a model with full "
+            "attention layers only, or turn sequence parallelism off (sp_size=1)."
+        )
 
 
 @dataclasses.dataclass

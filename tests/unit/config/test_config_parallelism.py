@@ -172,3 +172,23 @@ def test_get_device_mesh_needs_a_device_type() -> None:
     with pytest.raises(ValueError, match=r"pass the device type, e.g. get_device_mesh\('cuda'\)"):
         ParallelismConfig().get_device_mesh()
     assert ParallelismConfig().build_device_mesh("cpu") is None
+
+
+def test_refuse_recurrent_layers_names_the_linear_attention_types() -> None:
+    from types import SimpleNamespace
+
+    from hasten.big_modeling import _refuse_recurrent_layers_under_sequence_parallelism
+    from hasten.config.parallelism import refuse_recurrent_layers
+
+    assert _refuse_recurrent_layers_under_sequence_parallelism is refuse_recurrent_layers
+
+    def model(config: object) -> object:
+        return type("Hybrid", (), {"config": config})()
+
+    text = SimpleNamespace(layer_types=["full_attention", "linear_attention", "linear_attention"])
+    outer = SimpleNamespace(get_text_config=lambda: text)  # multimodal: the text config decides
+    with pytest.raises(ValueError, match=r"^Hybrid has layers of type \['linear_attention'\]"):
+        refuse_recurrent_layers(model(outer))
+    refuse_recurrent_layers(model(SimpleNamespace(layer_types=["full_attention"])))
+    refuse_recurrent_layers(model(SimpleNamespace()))  # no layer_types: nothing to refuse
+    refuse_recurrent_layers(object())  # no config at all
