@@ -25,7 +25,12 @@ from torch import nn
 
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
-from hasten.config.enums import FP8BackendType, PrecisionType, parse_mixed_precision
+from hasten.config.enums import (
+    DistributedType,
+    FP8BackendType,
+    PrecisionType,
+    parse_mixed_precision,
+)
 from hasten.config.project import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -33,7 +38,9 @@ from hasten.config.project import (
 )
 from hasten.core.coerce import whole_number
 from hasten.core.environment import str_to_bool
+from hasten.core.imports import is_bitsandbytes_multi_backend_available
 from hasten.optimizer import AcceleratedOptimizer
+from hasten.platforms.checks import is_xpu_available
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
@@ -841,6 +848,18 @@ class Accelerator:
                     "device_map), or run a single process."
                 )
             place = False  # the dispatcher placed each layer; moving it would undo that
+        if getattr(model, "hf_device_map", None) and (
+            getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
+        ):
+            from hasten.big_modeling.quantization import check_quantized_placement
+
+            check_quantized_placement(
+                dict(getattr(model, "hf_device_map", {})),
+                self.device,
+                distributed=self.distributed_type != DistributedType.NO,
+                cpu_supported=is_bitsandbytes_multi_backend_available() and not is_xpu_available(),
+            )
+            place = False  # bitsandbytes placed the quantized weights
         device = self.device if place else None
         dynamo = self.state.dynamo_plugin
         if evaluation_mode:

@@ -35,6 +35,7 @@ from hasten.config.quantization import BnbQuantizationConfig
 from hasten.core.imports import require
 
 __all__ = [
+    "check_quantized_placement",
     "get_keys_to_not_convert",
     "get_parameter_device",
     "get_quantized_model_device_map",
@@ -110,6 +111,48 @@ def replace_with_bnb_layers(
             "no nn.Linear layer was quantized (some architectures, like GPT-2, use Conv1D)"
         )
     return model
+
+
+def check_quantized_placement(
+    device_map: dict[str, Any], device: torch.device, *, distributed: bool, cpu_supported: bool
+) -> None:
+    """Refuse to train an 8/4-bit model from where bitsandbytes cannot train it.
+
+    Args:
+        device_map: the model's ``hf_device_map`` (where its layers were loaded).
+        device: the device this process trains on.
+        distributed: several processes train (a layer split over devices cannot be replicated).
+        cpu_supported: bitsandbytes can train on the CPU (its multi-backend build, not on XPU).
+
+    Raises:
+        ValueError: layers on several devices in a distributed run, the model on another
+            accelerator than this process's, or layers on the CPU (without CPU support) or disk.
+    """
+    devices = set(device_map.values())
+    if len(devices) > 1 and distributed:
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision on multiple "
+            "devices in any distributed mode. (hasten: its layers sit on "
+            f"{sorted(map(str, devices))}; load it whole on each process's device, e.g. "
+            "device_map={'': accelerator.device}, or train it in a single process.)"
+        )
+    if len(devices) == 1 and not (device.type == "cpu" and cpu_supported):
+        (where,) = devices
+        index = torch.device(where).index if isinstance(where, (str, torch.device)) else where
+        if torch.device(device.type, index) != device and (device.index is not None or index != 0):
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
+                f"different device than the one you're training on. (hasten: it is on {where!r}, "
+                f"this process trains on {device}; load it with device_map={{'': "
+                "accelerator.device}.)"
+            )
+    if ("cpu" in devices and not cpu_supported) or "disk" in devices:
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "
+            "or disk offload. (hasten: bitsandbytes trains quantized layers only on the "
+            "accelerator here; load the model without offload, or install a bitsandbytes build "
+            "with CPU support to train on the CPU.)"
+        )
 
 
 def get_keys_to_not_convert(model: nn.Module) -> list[str]:

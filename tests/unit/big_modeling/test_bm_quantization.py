@@ -169,3 +169,41 @@ def test_get_quantized_model_device_map_checks_strategies_and_4bit_offload() -> 
     four_bit = BnbQuantizationConfig(load_in_4bit=True)
     with pytest.raises(ValueError, match="4-bit weights cannot be offloaded"):
         get_quantized_model_device_map(model, four_bit, {"0": 0, "1": "cpu"})
+
+
+def test_check_quantized_placement_refuses_what_bitsandbytes_cannot_train() -> None:
+    cpu, cuda0, cuda1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
+    check = quant.check_quantized_placement
+    check({"": "cpu"}, cpu, distributed=False, cpu_supported=True)  # CPU build of bitsandbytes
+    check({"": 0}, torch.device("cuda"), distributed=False, cpu_supported=False)
+    check({"": 1}, cuda1, distributed=True, cpu_supported=False)
+    check({"a": 0, "b": 1}, cuda0, distributed=False, cpu_supported=False)  # naive pipeline
+    with pytest.raises(ValueError, match=r"^You can't train .* with CPU or disk offload\. \(hasten"):
+        check({"": "cpu"}, cpu, distributed=False, cpu_supported=False)
+    with pytest.raises(ValueError, match=r"with CPU or disk offload"):
+        check({"a": 0, "b": "disk"}, cuda0, distributed=False, cpu_supported=True)
+    with pytest.raises(ValueError, match=r"^You can't train .* on multiple devices in any distributed"):
+        check({"a": 0, "b": 1}, cuda0, distributed=True, cpu_supported=True)
+    with pytest.raises(ValueError, match=r"on a different device than the one you're training on"):
+        check({"": 1}, cuda0, distributed=False, cpu_supported=False)
+
+
+def test_prepare_model_checks_a_quantized_models_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Accelerate's test patches these two names in the accelerator module; they are looked up there.
+    from hasten import Accelerator
+    from hasten import accelerator as accelerator_module
+
+    accelerator = Accelerator()
+    model = nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = {"": "cpu"}
+    monkeypatch.setattr(accelerator_module, "is_xpu_available", lambda: False)
+    monkeypatch.setattr(accelerator_module, "is_bitsandbytes_multi_backend_available", lambda: False)
+    with pytest.raises(ValueError, match="CPU or disk offload"):
+        accelerator.prepare_model(model)
+    monkeypatch.setattr(accelerator_module, "is_bitsandbytes_multi_backend_available", lambda: True)
+    assert accelerator.prepare_model(nn.Linear(2, 2)) is not None
+    quantized = nn.Linear(2, 2)
+    quantized.is_loaded_in_8bit = True
+    quantized.hf_device_map = {"": "cpu"}
+    assert accelerator.prepare_model(quantized) is quantized
