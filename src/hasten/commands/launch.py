@@ -245,7 +245,7 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "training_script_args", nargs=argparse.REMAINDER, help="Arguments of the script."
     )
-    parser.set_defaults(func=launch_command)
+    parser.set_defaults(func=_launch_from_cli)
     return parser
 
 
@@ -297,20 +297,36 @@ def plan_from_args(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, Any]
     return plan, config
 
 
-def launch_command(args: argparse.Namespace) -> int:
+def launch_command(args: argparse.Namespace, *, replace_process: bool = False) -> int:
     """Run ``hasten launch`` with parsed `args`; return the exit code of the job.
 
     A SageMaker config (``compute_environment: AMAZON_SAGEMAKER``) starts a SageMaker training
     job; ``--tpu`` (or ``distributed_type: XLA``) starts the TPU cores, on every worker of a
     pod with ``--tpu_cluster``. Everything else runs here (one process) or under torch elastic.
+
+    Called from Python (as Accelerate's is), the job runs in child processes and a failed job
+    raises. The ``hasten launch`` command passes ``replace_process=True``: one process then
+    replaces the launcher (no extra process), and the exit code is returned, not raised.
+
+    Raises:
+        subprocess.CalledProcessError: the job failed (only without `replace_process`).
     """
     special = _platform_launch(args)
     if special is not None:
         return special
     plan, _ = plan_from_args(args)
     if args.use_deepspeed and uses_deepspeed_runner(plan, args.deepspeed_multinode_launcher):
-        return deepspeed_launcher(args)
-    return run_launch(args)
+        code = deepspeed_launcher(args)
+    else:
+        code = run_launch(args, replace_process=replace_process)
+    if code != 0 and not replace_process:
+        raise subprocess.CalledProcessError(code, [plan.script, *plan.script_args])
+    return code
+
+
+def _launch_from_cli(args: argparse.Namespace) -> int:
+    """``hasten launch``: a single process replaces the launcher; the job's exit code is ours."""
+    return launch_command(args, replace_process=True)
 
 
 def run_launch(args: argparse.Namespace, *, replace_process: bool = True) -> int:
@@ -378,7 +394,7 @@ def _add_platform_flags(parser: argparse.ArgumentParser) -> None:
 
 def main() -> int:
     """Run ``hasten launch`` with the command line (``python -m hasten.commands.launch ...``)."""
-    return launch_command(launch_command_parser().parse_args())
+    return _launch_from_cli(launch_command_parser().parse_args())
 
 
 def _config_path(args: argparse.Namespace) -> str | None:

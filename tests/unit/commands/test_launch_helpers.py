@@ -88,7 +88,7 @@ def test_simple_launcher_cmd_env_is_what_launch_execs(
 
     monkeypatch.setattr(elastic.os, "execvpe", fake_exec)
     args = _parse("--cpu", "--mixed_precision", "bf16", "--env", "K=v", "t.py", "--lr", "1")
-    launch.launch_command(args)
+    launch.launch_command(args, replace_process=True)  # what `hasten launch` does
     command, env = prepare_simple_launcher_cmd_env(args)
     assert command == seen["command"] == [sys.executable, "t.py", "--lr", "1"]
     assert env == seen["env"]
@@ -121,6 +121,22 @@ def test_prepare_multi_gpu_env_takes_accelerate_style_namespaces() -> None:
     assert args.master_port.isdigit() and args.master_port != "0"
     assert "ACCELERATE_USE_FSDP" not in env and "FSDP_MIN_NUM_PARAMS" not in env
     assert "ACCELERATE_USE_DEEPSPEED" not in env
+
+
+def test_launch_command_called_from_python_runs_a_child_and_raises_on_failure(
+    tmp_path: Path,
+) -> None:
+    # Accelerate's tests call launch_command in their own process: it must come back.
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import sys\nopen(sys.argv[1], 'w').write('ran')\nsys.exit(int(sys.argv[2]))\n"
+    )
+    marker = tmp_path / "ran.txt"
+    assert launch.launch_command(_parse("--cpu", str(script), str(marker), "0")) == 0
+    assert marker.read_text() == "ran"
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        launch.launch_command(_parse("--cpu", str(script), str(marker), "4"))
+    assert info.value.returncode == 4
 
 
 def test_simple_launcher_runs_once_and_raises_on_failure(tmp_path: Path) -> None:
