@@ -72,7 +72,11 @@ class CheckpointManager:
         self._host_buffers = HostBuffers()  # reused by every async save of this Accelerator
 
     def register_save_state_pre_hook(self, hook: SaveHook) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` before saving; it may edit ``weights``."""
+        """Call ``hook(models, weights, output_dir)`` before saving; it may edit ``weights``.
+
+        ``output_dir`` is the checkpoint's staging folder: files the hook writes there are
+        published with the checkpoint, all at once (a crash leaves no half checkpoint).
+        """
         handle = RemovableHandle(self._save_hooks)
         self._save_hooks[handle.id] = hook
         return handle
@@ -166,8 +170,12 @@ class CheckpointManager:
         """Save everything in ``contents`` (``models`` are what the hooks see); return the folder."""
         self.wait()
         target = self._save_dir(output_dir)
-        for hook in self._save_hooks.values():
-            hook(models, contents.model_states, str(target))
+        hooks = list(self._save_hooks.values())
+
+        def run_hooks(folder: Path) -> None:
+            for hook in hooks:
+                hook(models, contents.model_states, str(folder))
+
         config = self.project_config
         automatic = config.automatic_checkpoint_naming
         result = save_contents(
@@ -180,6 +188,7 @@ class CheckpointManager:
             total_limit=config.total_limit if automatic else None,
             project_dir=config.project_dir if automatic else None,
             host_buffers=self._host_buffers,
+            pre_hooks=run_hooks if hooks else None,
         )
         if isinstance(result, PendingSave):
             self._pending = result

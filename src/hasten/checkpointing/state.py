@@ -206,6 +206,7 @@ def save_contents(
     total_limit: int | None = None,
     project_dir: str | None = None,
     host_buffers: HostBuffers | None = None,
+    pre_hooks: Callable[[Path], None] | None = None,
 ) -> Path | PendingSave:
     """Write a complete checkpoint of ``contents`` to ``output_dir`` on every process together.
 
@@ -214,6 +215,9 @@ def save_contents(
     copied to host memory; the files are written and published on a background thread.
     ``total_limit`` (with ``project_dir``) prunes the oldest automatic checkpoints after publishing.
     ``host_buffers`` (async only) are reused from the previous asynchronous save.
+    ``pre_hooks`` (the user's save-state pre-hooks) run on every process with the staging folder
+    before anything is written: the files they leave there are published with the checkpoint
+    (and listed in its manifest), and model states they remove are not saved.
     """
     self_writing = _self_writing_engine(contents)
     state = PartialState()
@@ -233,6 +237,11 @@ def save_contents(
         project_dir=project_dir,
         save_on_each_node=save_on_each_node,
     )
+    if pre_hooks is not None:
+        prepare_staging(plan)
+        state.wait_for_everyone()  # the staging folder exists on every process's view
+        pre_hooks(plan.staging)
+        plan.adopt_unlisted = True  # what the hooks wrote belongs to the checkpoint
     if is_writer:
         states = [copy(s) for s in contents.model_states]
         plan.jobs = model_jobs(states, safe_serialization)
@@ -247,7 +256,8 @@ def save_contents(
     staged = stage_sharded(contents, copy, deferred) if _sharded(contents) else None
     if buffers is not None:
         buffers.finish()  # device copies landed: training may change the originals now
-    prepare_staging(plan)
+    if pre_hooks is None:
+        prepare_staging(plan)
     if self_writing is not None:  # its own first barrier comes after the folder is made
         _engine_save(self_writing, plan, buffers)
     elif staged is None or save_on_each_node:

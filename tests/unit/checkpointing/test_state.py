@@ -238,7 +238,8 @@ def test_manager_automatic_naming_total_limit_and_newest(tmp_path: Path) -> None
         manager.save_state(None, _contents(model, opt, sched, counter), [model], step=value)
     handle.remove()
     manager.save_state(None, _contents(model, opt, sched, counter), [model], step=3)
-    assert [Path(d).name for d in seen] == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
+    # the hooks write into the checkpoint's staging folder, published with it
+    assert [Path(d).name for d in seen] == [f".checkpoint_{i}.partial" for i in range(3)]
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["checkpoint_2", "checkpoint_3"]
 
@@ -247,6 +248,40 @@ def test_manager_automatic_naming_total_limit_and_newest(tmp_path: Path) -> None
     fresh = _contents(*_setup(1))
     assert loader.load_state(None, fresh) == {"step": 3}
     assert config2.iteration == 4  # the next save goes after the loaded checkpoint
+
+
+def test_save_hooks_files_are_published_with_the_checkpoint(tmp_path: Path) -> None:
+    import json
+
+    manager = CheckpointManager(ProjectConfiguration())
+    model, opt, sched, counter = _setup(0)
+
+    def save_hook(models: list, weights: list, output_dir: str) -> None:
+        Path(output_dir, "data.json").write_text(json.dumps({"name": type(models[0]).__name__}))
+        Path(output_dir, "sub").mkdir()
+        Path(output_dir, "sub", "extra.bin").write_bytes(b"x")
+        weights.pop()  # the hook saved the model itself (diffusers' scripts do this)
+
+    seen: list[str] = []
+    manager.register_save_state_pre_hook(save_hook)
+
+    def load_hook(models: list, input_dir: str) -> None:
+        seen.append(input_dir)
+        models.pop()  # and loads it itself
+
+    manager.register_load_state_pre_hook(load_hook)
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    (target / "stale.txt").write_text("from an earlier save")  # replaced, not merged
+    manager.save_state(target, _contents(model, opt, sched, counter), [model], step=0)
+    assert json.loads((target / "data.json").read_text()) == {"name": "Tied"}
+    assert (target / "sub" / "extra.bin").read_bytes() == b"x"
+    assert not (target / "stale.txt").exists()
+    assert not any(p.name.startswith("model") for p in target.iterdir())  # popped: not saved
+    listed = (target / MANIFEST_NAME).read_text()
+    assert "data.json" in listed and "extra.bin" in listed  # verified on load like the rest
+    manager.load_state(target, _contents(*_setup(1)))
+    assert seen == [str(target)]
 
 
 def test_manager_errors(tmp_path: Path) -> None:
