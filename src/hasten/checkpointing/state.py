@@ -195,6 +195,19 @@ def _gradient_jobs(
     return jobs
 
 
+def _run_pre_hooks(
+    plan: SavePlan, state: PartialState, pre_hooks: Callable[[Path], None] | None
+) -> bool:
+    """Run the user's save pre-hooks in the staging folder (made first); False without hooks."""
+    if pre_hooks is None:
+        return False
+    prepare_staging(plan)
+    state.wait_for_everyone()  # the staging folder exists before any process's hook writes
+    pre_hooks(plan.staging)
+    plan.adopt_unlisted = True  # what the hooks wrote belongs to the checkpoint
+    return True
+
+
 def save_contents(
     output_dir: str | os.PathLike[str],
     contents: CheckpointContents,
@@ -237,11 +250,7 @@ def save_contents(
         project_dir=project_dir,
         save_on_each_node=save_on_each_node,
     )
-    if pre_hooks is not None:
-        prepare_staging(plan)
-        state.wait_for_everyone()  # the staging folder exists on every process's view
-        pre_hooks(plan.staging)
-        plan.adopt_unlisted = True  # what the hooks wrote belongs to the checkpoint
+    staging_ready = _run_pre_hooks(plan, state, pre_hooks)
     if is_writer:
         states = [copy(s) for s in contents.model_states]
         plan.jobs = model_jobs(states, safe_serialization)
@@ -256,7 +265,7 @@ def save_contents(
     staged = stage_sharded(contents, copy, deferred) if _sharded(contents) else None
     if buffers is not None:
         buffers.finish()  # device copies landed: training may change the originals now
-    if pre_hooks is None:
+    if not staging_ready:
         prepare_staging(plan)
     if self_writing is not None:  # its own first barrier comes after the folder is made
         _engine_save(self_writing, plan, buffers)

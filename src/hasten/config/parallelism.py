@@ -43,7 +43,7 @@ def refuse_recurrent_layers(model: Any) -> None:
     Raises:
         ValueError: the config lists linear-attention layer types.
     """
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
     found = sorted(

@@ -178,11 +178,15 @@ def test_check_quantized_placement_refuses_what_bitsandbytes_cannot_train() -> N
     check({"": 0}, torch.device("cuda"), distributed=False, cpu_supported=False)
     check({"": 1}, cuda1, distributed=True, cpu_supported=False)
     check({"a": 0, "b": 1}, cuda0, distributed=False, cpu_supported=False)  # naive pipeline
-    with pytest.raises(ValueError, match=r"^You can't train .* with CPU or disk offload\. \(hasten"):
+    with pytest.raises(
+        ValueError, match=r"^You can't train .* with CPU or disk offload\. \(hasten"
+    ):
         check({"": "cpu"}, cpu, distributed=False, cpu_supported=False)
     with pytest.raises(ValueError, match=r"with CPU or disk offload"):
         check({"a": 0, "b": "disk"}, cuda0, distributed=False, cpu_supported=True)
-    with pytest.raises(ValueError, match=r"^You can't train .* on multiple devices in any distributed"):
+    with pytest.raises(
+        ValueError, match=r"^You can't train .* on multiple devices in any distributed"
+    ):
         check({"a": 0, "b": 1}, cuda0, distributed=True, cpu_supported=True)
     with pytest.raises(ValueError, match=r"on a different device than the one you're training on"):
         check({"": 1}, cuda0, distributed=False, cpu_supported=False)
@@ -198,7 +202,9 @@ def test_prepare_model_checks_a_quantized_models_placement(monkeypatch: pytest.M
     model.is_loaded_in_8bit = True
     model.hf_device_map = {"": "cpu"}
     monkeypatch.setattr(accelerator_module, "is_xpu_available", lambda: False)
-    monkeypatch.setattr(accelerator_module, "is_bitsandbytes_multi_backend_available", lambda: False)
+    monkeypatch.setattr(
+        accelerator_module, "is_bitsandbytes_multi_backend_available", lambda: False
+    )
     with pytest.raises(ValueError, match="CPU or disk offload"):
         accelerator.prepare_model(model)
     monkeypatch.setattr(accelerator_module, "is_bitsandbytes_multi_backend_available", lambda: True)

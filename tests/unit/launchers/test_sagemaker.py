@@ -39,7 +39,9 @@ def _config(**overrides: Any) -> SageMakerConfig:
 
 
 def test_script_arguments_become_typed_hyperparameters() -> None:
-    assert convert_nargs_to_dict(["--lr", "0.1", "--epochs=3", "--fp16", "True", "--name", "x"]) == {
+    assert convert_nargs_to_dict(
+        ["--lr", "0.1", "--epochs=3", "--fp16", "True", "--name", "x"]
+    ) == {
         "lr": 0.1,
         "epochs": 3,
         "fp16": True,
@@ -47,7 +49,9 @@ def test_script_arguments_become_typed_hyperparameters() -> None:
     }
     # A flag without a value cannot round-trip through SageMaker (Accelerate refuses it too).
     for nargs in (["--fp16"], ["--do_train", "--epochs", "3"]):
-        with pytest.raises(ValueError, match=r"^SageMaker doesn't support argparse actions .* no value"):
+        with pytest.raises(
+            ValueError, match=r"^SageMaker doesn't support argparse actions .* no value"
+        ):
             convert_nargs_to_dict(nargs)
     assert convert_nargs_to_dict(["--flag", "true", "--off", "False"]) == {
         "flag": True,
