@@ -297,20 +297,27 @@ def plan_from_args(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, Any]
     return plan, config
 
 
-def launch_command(args: argparse.Namespace, *, replace_process: bool = False) -> int:
-    """Run ``hasten launch`` with parsed `args`; return the exit code of the job.
+def launch_command(args: argparse.Namespace) -> int:
+    """Run ``hasten launch`` with parsed `args` from Python; return the job's exit code (0).
 
     A SageMaker config (``compute_environment: AMAZON_SAGEMAKER``) starts a SageMaker training
     job; ``--tpu`` (or ``distributed_type: XLA``) starts the TPU cores, on every worker of a
-    pod with ``--tpu_cluster``. Everything else runs here (one process) or under torch elastic.
-
-    Called from Python (as Accelerate's is), the job runs in child processes and a failed job
-    raises. The ``hasten launch`` command passes ``replace_process=True``: one process then
-    replaces the launcher (no extra process), and the exit code is returned, not raised.
+    pod with ``--tpu_cluster``. Everything else runs in child processes (one, or several under
+    torch elastic). As Accelerate's, a failed job raises; the ``hasten launch`` command instead
+    replaces itself with a single process and exits with the job's code.
 
     Raises:
-        subprocess.CalledProcessError: the job failed (only without `replace_process`).
+        subprocess.CalledProcessError: the job failed.
     """
+    return _launch(args, replace_process=False)
+
+
+def _launch_from_cli(args: argparse.Namespace) -> int:
+    """``hasten launch``: a single process replaces the launcher; the job's exit code is ours."""
+    return _launch(args, replace_process=True)
+
+
+def _launch(args: argparse.Namespace, *, replace_process: bool) -> int:
     special = _platform_launch(args)
     if special is not None:
         return special
@@ -322,11 +329,6 @@ def launch_command(args: argparse.Namespace, *, replace_process: bool = False) -
     if code != 0 and not replace_process:
         raise subprocess.CalledProcessError(code, [plan.script, *plan.script_args])
     return code
-
-
-def _launch_from_cli(args: argparse.Namespace) -> int:
-    """``hasten launch``: a single process replaces the launcher; the job's exit code is ours."""
-    return launch_command(args, replace_process=True)
 
 
 def run_launch(args: argparse.Namespace, *, replace_process: bool = True) -> int:

@@ -88,7 +88,7 @@ def test_simple_launcher_cmd_env_is_what_launch_execs(
 
     monkeypatch.setattr(elastic.os, "execvpe", fake_exec)
     args = _parse("--cpu", "--mixed_precision", "bf16", "--env", "K=v", "t.py", "--lr", "1")
-    launch.launch_command(args, replace_process=True)  # what `hasten launch` does
+    launch._launch_from_cli(args)  # what `hasten launch` does
     command, env = prepare_simple_launcher_cmd_env(args)
     assert command == seen["command"] == [sys.executable, "t.py", "--lr", "1"]
     assert env == seen["env"]
