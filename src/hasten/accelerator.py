@@ -25,12 +25,7 @@ from torch import nn
 
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
-from hasten.config.enums import (
-    DistributedType,
-    FP8BackendType,
-    PrecisionType,
-    parse_mixed_precision,
-)
+from hasten.config.enums import FP8BackendType, PrecisionType, parse_mixed_precision
 from hasten.config.project import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -856,7 +851,7 @@ class Accelerator:
             check_quantized_placement(
                 dict(getattr(model, "hf_device_map", {})),
                 self.device,
-                distributed=self.distributed_type != DistributedType.NO,
+                distributed=self.num_processes > 1,
                 cpu_supported=is_bitsandbytes_multi_backend_available() and not is_xpu_available(),
             )
             place = False  # bitsandbytes placed the quantized weights

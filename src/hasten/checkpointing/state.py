@@ -53,6 +53,7 @@ from hasten.checkpointing.writer import (
     pickle_job,
     prepare_staging,
     run_plan,
+    run_pre_hooks,
     safetensors_job,
     start_adopting,
     start_jobs,
@@ -195,19 +196,6 @@ def _gradient_jobs(
     return jobs
 
 
-def _run_pre_hooks(
-    plan: SavePlan, state: PartialState, pre_hooks: Callable[[Path], None] | None
-) -> bool:
-    """Run the user's save pre-hooks in the staging folder (made first); False without hooks."""
-    if pre_hooks is None:
-        return False
-    prepare_staging(plan)
-    state.wait_for_everyone()  # the staging folder exists before any process's hook writes
-    pre_hooks(plan.staging)
-    plan.adopt_unlisted = True  # what the hooks wrote belongs to the checkpoint
-    return True
-
-
 def save_contents(
     output_dir: str | os.PathLike[str],
     contents: CheckpointContents,
@@ -250,7 +238,7 @@ def save_contents(
         project_dir=project_dir,
         save_on_each_node=save_on_each_node,
     )
-    staging_ready = _run_pre_hooks(plan, state, pre_hooks)
+    staging_ready = run_pre_hooks(plan, state.wait_for_everyone, pre_hooks)
     if is_writer:
         states = [copy(s) for s in contents.model_states]
         plan.jobs = model_jobs(states, safe_serialization)

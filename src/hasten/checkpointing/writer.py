@@ -48,6 +48,7 @@ __all__ = [
     "pickle_job",
     "prepare_staging",
     "run_plan",
+    "run_pre_hooks",
     "safetensors_job",
     "start_adopting",
     "start_jobs",
@@ -442,6 +443,22 @@ def prepare_staging(plan: SavePlan) -> None:
     if plan.staging.exists():
         shutil.rmtree(plan.staging)
     plan.staging.mkdir()
+
+
+def run_pre_hooks(
+    plan: SavePlan, barrier: Callable[[], None], pre_hooks: Callable[[Path], None] | None
+) -> bool:
+    """Run the user's save pre-hooks in the staging folder (made first); False without hooks.
+
+    What they write there is adopted into the checkpoint (``plan.adopt_unlisted``).
+    """
+    if pre_hooks is None:
+        return False
+    prepare_staging(plan)
+    barrier()  # the staging folder exists before any process's hook writes into it
+    pre_hooks(plan.staging)
+    plan.adopt_unlisted = True
+    return True
 
 
 class Snapshot:

@@ -184,7 +184,7 @@ def debug_launcher(
     """Run ``function(*args)`` on `num_processes` forked CPU processes joined by gloo.
 
     For tests and debugging only: everything runs on CPU on this machine. With one process
-    there is no process group: the state is ``DistributedType.NO``, as in Accelerate.
+    there is no process group: a plain single process, as in Accelerate.
 
     Raises:
         ValueError: `num_processes` < 1.
@@ -194,7 +194,7 @@ def debug_launcher(
         raise ValueError(f"num_processes={num_processes!r} must be >= 1.")
     from torch.multiprocessing import start_processes  # deferred: imports all of torch
 
-    # One process runs without a process group (DistributedType.NO, as Accelerate's).
+    # One process runs without a process group: a plain single process, as Accelerate's.
     group = (
         {"world_size": str(num_processes), "master_addr": "127.0.0.1", "master_port": _free_port()}
         if num_processes > 1

@@ -18,12 +18,14 @@ from hasten.launchers.install import install_xla
 from hasten.launchers.options import prepare_extend_env_parallelism_config
 from hasten.launchers.plan import LaunchPlan, build_plan, resolve_settings
 from hasten.launchers.prepare import PrepareForLaunch, env_var_path_add
-from hasten.launchers.sagemaker import convert_nargs_to_dict, prepare_sagemager_args_inputs
+
+# Accelerate's private name for convert_nargs_to_dict (its test_sagemaker imports it from here).
+from hasten.launchers.sagemaker import (  # noqa: F401 - a private name, not in __all__
+    convert_nargs_to_dict as _convert_nargs_to_dict,
+)
+from hasten.launchers.sagemaker import prepare_sagemager_args_inputs
 from hasten.launchers.slurm import expand_nodelist, slurm_topology
 from hasten.launchers.xla import prepare_tpu
-
-# Accelerate's private name for it (its test_sagemaker imports it from here).
-_convert_nargs_to_dict = convert_nargs_to_dict
 
 __all__ = [
     "LaunchPlan",
