@@ -346,17 +346,17 @@ def test_save_and_load_fsdp_model_helpers(tmp_path: Path, use_dcp: bool) -> None
 def _efficient_loading() -> dict[str, Any]:
     from hasten import init_empty_weights
     from hasten.config import envvars
-    from hasten.strategies.fsdp2 import FSDP2Strategy
+    from hasten.strategies import parallelize
 
     accelerator = _accelerator("fsdp2", cpu_ram_efficient_loading=True)
     at_shard: list[bool] = []  # whether every parameter was on meta when fully_shard ran
-    shard = FSDP2Strategy.shard
+    shard = parallelize.apply_fsdp
 
-    def spy(self: Any, module: torch.nn.Module) -> torch.nn.Module:
+    def spy(module: torch.nn.Module, plugin: Any, mesh: Any) -> torch.nn.Module:
         at_shard.append(all(p.is_meta for p in module.parameters()))
-        return shard(self, module)
+        return shard(module, plugin, mesh)
 
-    FSDP2Strategy.shard = spy  # type: ignore[method-assign]  # forked worker: no undo needed
+    parallelize.apply_fsdp = spy  # forked worker: no undo needed
     torch.manual_seed(0)
     if accelerator.process_index == 0:
         model = TinyTransformer()

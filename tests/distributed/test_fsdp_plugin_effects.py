@@ -26,12 +26,12 @@ def _prepare(version: int, model: nn.Module | None = None, compile_fn: Any = Non
     """``model`` (a seeded TinyTransformer) prepared by the strategy of a plugin of ``fields``."""
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
     from hasten.precision import Precision
+    from hasten.strategies.composable import ComposableStrategy
     from hasten.strategies.fsdp1 import FSDP1Strategy
-    from hasten.strategies.fsdp2 import FSDP2Strategy
 
     fields.setdefault("auto_wrap_policy", "transformer_based_wrap")
     plugin = FullyShardedDataParallelPlugin(fsdp_version=version, **fields)
-    strategy = (FSDP2Strategy if version == 2 else FSDP1Strategy)(plugin, CPU)
+    strategy = (ComposableStrategy if version == 2 else FSDP1Strategy)(plugin, CPU)
     if model is None:
         torch.manual_seed(0)
         model = TinyTransformer()

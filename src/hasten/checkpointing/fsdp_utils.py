@@ -26,13 +26,10 @@ from hasten.config import envvars
 from hasten.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 from hasten.precision import Precision
 from hasten.state import PartialState
+from hasten.strategies.composable import ComposableStrategy
 from hasten.strategies.fsdp1 import FSDP1Strategy
-from hasten.strategies.fsdp2 import (
-    FSDP2Strategy,
-    apply_activation_checkpointing,
-    ignored_modules,
-    modules_to_shard,
-)
+from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard
+from hasten.strategies.parallelize import apply_ac
 from hasten.strategies.rebind import canonical_name
 from hasten.strategies.sharded import ShardedStrategy, state_dict_options
 
@@ -84,9 +81,9 @@ def disable_fsdp_ram_efficient_loading() -> None:
 
 def _strategy(fsdp_plugin: Any, accelerator: Any) -> ShardedStrategy:
     strategy = getattr(accelerator, "strategy", None)
-    if isinstance(strategy, ShardedStrategy) and (
-        fsdp_plugin is None or strategy.plugin is fsdp_plugin
-    ):
+    held = getattr(strategy, "plugin", None)  # None: tensor parallelism alone, no FSDP
+    same = held is not None and (fsdp_plugin is None or fsdp_plugin is held)
+    if isinstance(strategy, ShardedStrategy) and same:
         return strategy
     plugin = fsdp_plugin if fsdp_plugin is not None else accelerator.state.fsdp_plugin
     if plugin is None:
@@ -94,8 +91,9 @@ def _strategy(fsdp_plugin: Any, accelerator: Any) -> ShardedStrategy:
             "This helper needs an FSDP run: pass the FullyShardedDataParallelPlugin (or create "
             "the Accelerator with fsdp_plugin=...)."
         )
-    cls = FSDP2Strategy if plugin.fsdp_version == 2 else FSDP1Strategy
-    return cls(plugin, accelerator.device)
+    if plugin.fsdp_version == 2:
+        return ComposableStrategy(plugin, accelerator.device)
+    return FSDP1Strategy(plugin, accelerator.device)
 
 
 def _kind(fsdp_plugin: Any, use_dcp: bool, *, optimizer: bool = False) -> str:
@@ -299,7 +297,7 @@ def load_fsdp_optimizer(
 def fsdp2_prepare_model(accelerator: Any, model: nn.Module) -> nn.Module:
     """Shard ``model`` with FSDP2 as the Accelerator's plugin asks (no compile, no autocast)."""
     strategy = _strategy(None, accelerator)
-    if not isinstance(strategy, FSDP2Strategy):
+    if not isinstance(strategy, ComposableStrategy) or strategy.plugin is None:
         raise ValueError("fsdp2_prepare_model needs fsdp_version=2 in the FSDP plugin.")
     return strategy.prepare_module(
         model, accelerator.device, precision=Precision(), compile_fn=lambda module: module
@@ -337,7 +335,7 @@ def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping:
 
 def fsdp2_apply_ac(accelerator: Any, model: nn.Module) -> nn.Module:
     """Checkpoint the activations of the blocks the plugin's wrap policy picks."""
-    return apply_activation_checkpointing(_strategy(None, accelerator).plugin, model)
+    return apply_ac(model, _strategy(None, accelerator).plugin)
 
 
 def fsdp2_canonicalize_names(named_params: dict) -> dict:

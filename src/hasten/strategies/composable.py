@@ -1,31 +1,51 @@
-"""FSDP2 on the job's device mesh: HSDP (dp_replicate x dp_shard) and 2-D FSDP2 x tensor parallel.
+"""The composable strategy: FSDP2, tensor parallelism, HSDP and FSDP2 x TP on the job's mesh.
 
-The FSDP2 strategy shards over the whole world by default; with a `ParallelismConfig` mesh this
-strategy hands ``fully_shard`` the data-parallel sub-mesh (``dp_shard``, ``dp_shard_cp`` or
-``(dp_replicate, dp_shard)`` for HSDP) and, when ``tp_size > 1``, first applies the model's
-tensor-parallel plan on the ``tp`` sub-mesh (the torchtitan order: TP, then FSDP).
+Each prepared model is placed (on the device, or on meta with ``cpu_ram_efficient_loading``),
+then `strategies.parallelize` applies the parallelisms in their one written order over the
+sub-meshes of the job's `DeviceMesh`: ``tp`` for tensor parallelism, and for ``fully_shard``
+``dp_shard`` (``dp_shard_cp`` with context parallelism), with ``dp_replicate`` in front for HSDP.
+A run without a `ParallelismConfig` shards over a 1-D mesh of every process. With
+``cpu_ram_efficient_loading`` rank 0 keeps the real weights while every process shards an empty
+(meta) copy, and the weights are broadcast from rank 0 into the shards afterwards: the other
+ranks may pass a model built on meta (``init_empty_weights``) and never hold more than their
+shard and one broadcast tensor. Optimizers built on the user's model are rebound to the DTensor
+parameters by name afterwards (`Strategy.setup`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, cast
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from typing_extensions import override
 
+from hasten.precision import Precision
 from hasten.state.mesh import submesh
-from hasten.strategies.fsdp2 import FSDP2Strategy
-from hasten.strategies.tensor_parallel import TensorParallelStrategy, clip_mixed_grad_norm_
+from hasten.strategies.fsdp_plugin import resolve_offload
+from hasten.strategies.parallelize import ParallelPlan, parallelize
+from hasten.strategies.sharded import (
+    ShardedStrategy,
+    checkpoint_layout_of,
+    state_dict_options,
+    tied_parameter_names,
+)
+from hasten.strategies.tensor_parallel import clip_mixed_grad_norm_
+from hasten.strategies.unwrap import is_compiled_module
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["MeshFSDP2Strategy", "fsdp_mesh"]
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.config.parallelism import ParallelismConfig
+
+__all__ = ["ComposableStrategy", "fsdp_mesh"]
 
 
-def fsdp_mesh(mesh: DeviceMesh, config: Any) -> DeviceMesh:
+def fsdp_mesh(mesh: DeviceMesh, config: ParallelismConfig) -> DeviceMesh:
     """The sub-mesh FSDP2 shards over: ``dp_shard`` (``dp_shard_cp`` with context parallelism),
     with ``dp_replicate`` in front for HSDP.
 
@@ -43,22 +63,75 @@ def fsdp_mesh(mesh: DeviceMesh, config: Any) -> DeviceMesh:
     return mesh["dp_replicate", shard]
 
 
-class MeshFSDP2Strategy(FSDP2Strategy):
-    """FSDP2 over the data-parallel sub-mesh, after tensor parallelism on ``tp`` when asked.
+def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    found = {}
+    for prefix, module in model.named_modules():
+        for name in getattr(module, "_non_persistent_buffers_set", ()):
+            buffer = module._buffers.get(name)
+            if buffer is not None:
+                found[f"{prefix}.{name}" if prefix else name] = buffer
+    return found
+
+
+def _refuse_meta(module: nn.Module) -> None:
+    meta = [name for name, p in module.named_parameters() if p.is_meta]
+    if meta:
+        raise ValueError(
+            f"The model has {len(meta)} parameter(s) on the meta device (first: {meta[0]}), and "
+            "FSDP without cpu_ram_efficient_loading needs real weights on every process. Set "
+            "cpu_ram_efficient_loading=True (FSDP_CPU_RAM_EFFICIENT_LOADING=true) to broadcast "
+            "the main process's weights, or build the real model on every process."
+        )
+
+
+class ComposableStrategy(ShardedStrategy):
+    """FSDP2 and/or tensor parallelism on the job's device mesh, one `parallelize` per model.
 
     Args:
-        plugin: the `FullyShardedDataParallelPlugin` (fsdp_version=2).
+        plugin: the FSDP plugin (``fsdp_version=2``); None for tensor parallelism alone.
         device: this process's device.
-        mesh: the job's `DeviceMesh` (from `AcceleratorState.device_mesh`).
-        config: the `ParallelismConfig` that built it.
+        mesh: the job's mesh (`AcceleratorState.device_mesh`, built from ``config``); None: a
+            1-D mesh of every process, built when the first model is prepared.
+        config: the `ParallelismConfig` that built ``mesh``.
+
+    Raises:
+        ValueError: neither FSDP nor tensor parallelism is asked for, or
+            ``cpu_ram_efficient_loading`` with tensor parallelism.
     """
 
-    def __init__(self, plugin: Any, device: torch.device, mesh: DeviceMesh, config: Any) -> None:
-        super().__init__(plugin, device)
+    def __init__(
+        self,
+        plugin: FullyShardedDataParallelPlugin | None,
+        device: torch.device,
+        mesh: DeviceMesh | None = None,
+        config: ParallelismConfig | None = None,
+    ) -> None:
+        super().__init__(device, checkpoint_layout_of(plugin))
+        self.plugin = plugin
         self.mesh = mesh
-        self.fsdp_mesh = fsdp_mesh(mesh, config)
-        self.tensor_parallel = TensorParallelStrategy(mesh) if config.tp_enabled else None
-        if self.tensor_parallel is not None and plugin.cpu_ram_efficient_loading:
+        self.config = config
+        self.tensor_parallel = bool(config is not None and config.tp_enabled)
+        if self.tensor_parallel and submesh(mesh, "tp") is None:
+            dims = mesh.mesh_dim_names if mesh is not None else None
+            raise ValueError(
+                f"tensor parallelism needs the job's mesh with a 'tp' dimension; got {dims}. "
+                "Build it from the ParallelismConfig (AcceleratorState does)."
+            )
+        if plugin is None and not self.tensor_parallel:
+            raise ValueError(
+                "ComposableStrategy needs an FSDP plugin (fsdp_version=2) or a ParallelismConfig "
+                "with tp_size > 1"
+            )
+        if plugin is None:
+            # Tensor parallelism alone: full state dicts on every process, and the per-step
+            # behaviour of a replicated run (gradients of a replica are complete after backward).
+            self.name = "tensor_parallel"
+            self.syncs_gradients = False
+            self.shards_parameters = False
+            self.full_offload = False
+        else:
+            self.name = "fsdp2"
+        if self.tensor_parallel and plugin is not None and plugin.cpu_ram_efficient_loading:
             raise ValueError(
                 "cpu_ram_efficient_loading with tp_size > 1 is not supported: the tensor-parallel "
                 "plan is applied to real weights before FSDP2 shards them. Set "
@@ -66,28 +139,127 @@ class MeshFSDP2Strategy(FSDP2Strategy):
             )
 
     @override
-    def _shard_kwargs(self) -> dict[str, Any]:
-        kwargs = super()._shard_kwargs()
-        kwargs["mesh"] = self.fsdp_mesh
-        return kwargs
+    def check_usable(self) -> None:
+        if self.plugin is None:
+            return
+        resolve_offload(self.plugin)
+        if self.plugin.activation_checkpointing_offload and self.device.type != "cpu":
+            raise ValueError(
+                "activation_checkpointing_offload is not wired in hasten's FSDP2 strategy yet; "
+                "set activation_checkpointing_offload=False (activation_checkpointing=True still "
+                "recomputes activations)."
+            )
+
+    def plan(
+        self, precision: Precision, compile_fn: Callable[[nn.Module], nn.Module]
+    ) -> ParallelPlan:
+        """The `ParallelPlan` each model of this run gets (builds the 1-D mesh on first use)."""
+        return ParallelPlan(
+            tp_mesh=submesh(self.mesh, "tp") if self.tensor_parallel else None,
+            fsdp=self.plugin,
+            fsdp_mesh=self._fsdp_mesh() if self.plugin is not None else None,
+            precision=precision,
+            compile_fn=compile_fn,
+        )
+
+    def _fsdp_mesh(self) -> DeviceMesh:
+        if self.mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            world = dist.get_world_size()
+            self.mesh = init_device_mesh(self.device.type, (world,), mesh_dim_names=("dp_shard",))
+        if self.config is None:
+            return self.mesh
+        return fsdp_mesh(self.mesh, self.config)
 
     @override
-    def shard(self, module: nn.Module) -> nn.Module:
-        """Tensor-parallel plan on ``tp`` (if any), then ``fully_shard`` on the dp sub-mesh."""
-        if self.tensor_parallel is not None:
-            self.tensor_parallel.shard(module)
-        return super().shard(module)
+    def prepare_module(
+        self,
+        module: nn.Module,
+        device: torch.device | None,
+        *,
+        precision: Precision,
+        compile_fn: Callable[[nn.Module], nn.Module],
+    ) -> nn.Module:
+        self.check_usable()
+        ties = tied_parameter_names(module)
+        efficient = self.plugin is not None and bool(self.plugin.cpu_ram_efficient_loading)
+        if not efficient and self.plugin is not None:
+            _refuse_meta(module)
+        full_state = self._take_weights(module) if efficient else None
+        buffers = _non_persistent_buffers(module) if efficient else {}
+        if efficient:
+            module.to("meta")
+        elif device is not None:
+            module.to(device)
+        prepared = parallelize(module, self.plan(precision, compile_fn))
+        if full_state is not None:
+            inner = (
+                cast(nn.Module, prepared._orig_mod) if is_compiled_module(prepared) else prepared
+            )
+            self._broadcast_weights(inner, full_state, buffers, device or self.device)
+        self._record_ties(prepared, ties)
+        return prepared
+
+    @staticmethod
+    def _take_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+        """Rank 0's real weights (other ranks may hold a meta model: nothing to keep)."""
+        if dist.get_rank() != 0:
+            return {}
+        # Views of the weights: moving the module to meta keeps only this one copy alive.
+        return {k: v.detach() for k, v in module.state_dict().items()}
+
+    def _broadcast_weights(
+        self,
+        module: nn.Module,
+        full_state: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        device: torch.device,
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        module.to_empty(device=device)
+        options = state_dict_options(full=True, cpu_offload=False)
+        set_model_state_dict(module, dict(full_state), options=options)
+        for name, value in buffers.items():  # not in state dicts: rank 0's copy wins
+            tensor = torch.empty_like(value, device=device) if value.is_meta else value.to(device)
+            dist.broadcast(tensor, src=0)
+            owner, _, leaf = name.rpartition(".")
+            module.get_submodule(owner)._buffers[leaf] = tensor
+
+    @override
+    def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:
+        return _gradient_sync_off(self._module(module))
 
     @override
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
-        """Clip over gradients living on different meshes (dp only, dp x tp); global norm."""
-        return clip_mixed_grad_norm_(parameters, max_norm, norm_type)
+        """Clip the global norm; on a ParallelismConfig mesh the gradients may live on several
+        meshes (dp only, dp x tp, or plain tensors outside a tensor-parallel plan)."""
+        if self.config is not None:
+            return clip_mixed_grad_norm_(parameters, max_norm, norm_type)
+        return super().clip_grad_norm_(parameters, max_norm, norm_type)
 
     @override
     def __repr__(self) -> str:
+        mesh = self.mesh.mesh_dim_names if self.mesh is not None else None
+        reshard = self.plugin.reshard_after_forward if self.plugin is not None else None
         return (
-            f"MeshFSDP2Strategy(mesh={self.mesh.mesh_dim_names}, "
-            f"tp={self.tensor_parallel is not None}, state_dict={self.checkpoint_layout!r})"
+            f"ComposableStrategy(mesh={mesh}, tp={self.tensor_parallel}, "
+            f"fsdp={self.plugin is not None}, reshard_after_forward={reshard!r}, "
+            f"state_dict={self.checkpoint_layout!r})"
         )
+
+
+@contextlib.contextmanager
+def _gradient_sync_off(module: nn.Module) -> Iterator[None]:
+    setter = getattr(module, "set_requires_gradient_sync", None)
+    if setter is None:
+        yield
+        return
+    setter(False)
+    try:
+        yield
+    finally:
+        setter(True)

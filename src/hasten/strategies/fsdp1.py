@@ -25,8 +25,12 @@ from typing_extensions import override
 from hasten.precision import Precision, select_precision
 from hasten.strategies.base import ModulePreparer
 from hasten.strategies.fsdp1_gather import gather_units, weights_layout
-from hasten.strategies.fsdp2 import ignored_modules
-from hasten.strategies.sharded import ShardedStrategy, tied_parameter_names
+from hasten.strategies.fsdp_plugin import ignored_modules
+from hasten.strategies.sharded import (
+    ShardedStrategy,
+    checkpoint_layout_of,
+    tied_parameter_names,
+)
 
 __all__ = ["FSDP1Strategy"]
 
@@ -37,7 +41,8 @@ class FSDP1Strategy(ShardedStrategy):
     name = "fsdp1"
 
     def __init__(self, plugin: Any, device: torch.device) -> None:
-        super().__init__(plugin, device)
+        super().__init__(device, checkpoint_layout_of(plugin))
+        self.plugin = plugin
         # FULL_STATE_DICT with offload_to_cpu=True segfaults when FSDP1 computes on the CPU.
         self.full_offload = device.type != "cpu"
         self._prepared_roots: list[Any] = []  # FSDP roots, for clip_grad_norm_

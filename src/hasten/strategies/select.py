@@ -1,10 +1,17 @@
 """The one place that maps the run's resolved `EngineChoice` to a `Strategy`.
 
-Called once per Accelerator; every later decision dispatches through the returned object.
+Each engine has one builder (`_BUILDERS`, keyed by the run's label): FSDP (the composable
+strategy for FSDP2, on the job's mesh when a `ParallelismConfig` built one; FSDP1), DeepSpeed,
+Megatron-LM, XLA. Every other label is plain data parallelism (`_data_parallel`): a plugin this
+run cannot honour is refused, tensor parallelism alone gets the composable strategy, any other
+mesh dimension beyond data parallelism is refused, then DDP or a single device. Called once per
+Accelerator; every later decision dispatches through the returned object.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,10 +38,6 @@ _DDP_TYPES = frozenset(
         DistributedType.MULTI_HPU,
     }
 )
-_UNWIRED_TYPES = {
-    DistributedType.MEGATRON_LM: "Megatron-LM",
-    DistributedType.XLA: "XLA",
-}
 
 
 def _label(distributed_type: Any) -> DistributedType:
@@ -48,46 +51,93 @@ def _label(distributed_type: Any) -> DistributedType:
         ) from None
 
 
-def _fsdp_strategy(plugin: Any, device: torch.device) -> Strategy:
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What `select_strategy` was asked, handed to the builder of the run's engine."""
+
+    kind: DistributedType
+    choice: EngineChoice | None
+    device: torch.device
+    ddp_kwargs: DDPWrapSettings | None
+    config: Any  # a ParallelismConfig (or None)
+    world_size: int
+
+
+def _fsdp(request: _Request) -> Strategy:
+    """FSDP2 (the composable strategy, on the job's mesh when there is one) or FSDP1."""
+    plugin = request.choice.fsdp_plugin if request.choice is not None else None
+    # a bare FSDP label (no EngineChoice) means the default plugin and no mesh
+    mesh = getattr(request.config, "device_mesh", None) if plugin is not None else None
     if plugin is None:
         from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
         plugin = FullyShardedDataParallelPlugin()
     if plugin.fsdp_version == 2:
-        from hasten.strategies.fsdp2 import FSDP2Strategy
+        from hasten.strategies.composable import ComposableStrategy
 
-        return FSDP2Strategy(plugin, device)
+        config = request.config if mesh is not None else None
+        return ComposableStrategy(plugin, request.device, mesh, config)
+    config = request.config
+    if mesh is not None and (config.tp_enabled or config.cp_enabled or config.dp_replicate_enabled):
+        raise ValueError(
+            f"ParallelismConfig dimensions {config.active_mesh_dims} need FSDP2, but the FSDP "
+            "plugin has fsdp_version=1; set fsdp_version=2 (--fsdp_version 2)"
+        )
     from hasten.strategies.fsdp1 import FSDP1Strategy
 
-    return FSDP1Strategy(plugin, device)
+    return FSDP1Strategy(plugin, request.device)
 
 
-def _fsdp_on_mesh(plugin: Any, device: torch.device, config: Any) -> Strategy | None:
-    """FSDP2 over a ParallelismConfig mesh (HSDP, FSDP2 x TP); None without such a mesh."""
-    mesh = getattr(config, "device_mesh", None)
-    if mesh is None or plugin is None:
-        return None
-    if plugin.fsdp_version != 2:
-        if config.tp_enabled or config.cp_enabled or config.dp_replicate_enabled:
-            raise ValueError(
-                f"ParallelismConfig dimensions {config.active_mesh_dims} need FSDP2, but the FSDP "
-                "plugin has fsdp_version=1; set fsdp_version=2 (--fsdp_version 2)"
-            )
-        return None
-    from hasten.strategies.composable import MeshFSDP2Strategy
+def _deepspeed(request: _Request) -> Strategy:
+    from hasten.strategies.deepspeed import DeepSpeedStrategy  # only for DeepSpeed runs
 
-    return MeshFSDP2Strategy(plugin, device, mesh, config)
+    backend = "gloo" if request.device.type == "cpu" else None
+    return DeepSpeedStrategy(_active_deepspeed_plugin, backend)
 
 
-def _tensor_parallel(config: Any) -> Strategy | None:
-    """Pure tensor parallelism (tp only, optionally over one replica): hasten's TP strategy."""
-    if not getattr(config, "tp_enabled", False):
-        return None
-    if config.dp_shard_enabled or config.cp_enabled or config.sp_enabled:
-        return None  # composed with FSDP2 / context parallelism: the FSDP2 strategy's job
-    from hasten.strategies.tensor_parallel import TensorParallelStrategy  # only for tp runs
+def _megatron(request: _Request) -> Strategy:
+    if request.choice is None:  # a bare label carries no plugin to build the engine from
+        return UnwiredStrategy("Megatron-LM")
+    from hasten.strategies.megatron import MegatronStrategy
 
-    return TensorParallelStrategy(config.device_mesh)
+    return MegatronStrategy(request.choice.megatron_lm_plugin, request.world_size)
+
+
+def _xla(request: _Request) -> Strategy:
+    return UnwiredStrategy("XLA")
+
+
+def _data_parallel(request: _Request) -> Strategy:
+    """No engine of its own: a request that cannot be honoured is refused; a tensor-parallel
+    mesh gets the composable strategy; otherwise DDP over the processes, or one device."""
+    choice, config = request.choice, request.config
+    unused = [n for n in (choice.requested if choice is not None else ()) if n != "fsdp"]
+    if unused and choice is not None and choice.name == "none":
+        # A DeepSpeed / Megatron-LM request this run cannot honour is refused, never ignored.
+        return UnwiredStrategy({"deepspeed": "DeepSpeed", "megatron_lm": "Megatron-LM"}[unused[0]])
+    beyond_ddp = list(getattr(config, "non_dp_dim_names", []))
+    if getattr(config, "dp_shard_enabled", False):
+        beyond_ddp.insert(0, "dp_shard")
+    if beyond_ddp == ["tp"] and getattr(config, "tp_enabled", False):  # tensor parallelism alone
+        from hasten.strategies.composable import ComposableStrategy  # only for tp runs
+
+        return ComposableStrategy(None, request.device, config.device_mesh, config)
+    if beyond_ddp:
+        return UnwiredStrategy(f"composable parallelism ({', '.join(beyond_ddp)})")
+    if request.kind in _DDP_TYPES:
+        device = request.device
+        device_ids = None if device.type == "cpu" or device.index is None else [device.index]
+        return DDPStrategy(device_ids=device_ids, ddp_kwargs=request.ddp_kwargs)
+    return SingleDeviceStrategy()
+
+
+#: The builder of each engine's strategy; every other label is plain data parallelism.
+_BUILDERS: dict[DistributedType, Callable[[_Request], Strategy]] = {
+    DistributedType.FSDP: _fsdp,
+    DistributedType.DEEPSPEED: _deepspeed,
+    DistributedType.MEGATRON_LM: _megatron,
+    DistributedType.XLA: _xla,
+}
 
 
 def _active_deepspeed_plugin() -> Any:
@@ -117,46 +167,19 @@ def select_strategy(
             `DistributedType` label (no plugins: FSDP then uses the default plugin).
         device: this process's device; accelerators get ``device_ids=[index]`` for DDP.
         ddp_kwargs: the user's `DistributedDataParallelKwargs`, if any.
-        parallelism_config: a `ParallelismConfig`; sharded, tensor, context or sequence
-            parallel dimensions select the (not yet wired) composable-parallelism engine.
+        parallelism_config: a `ParallelismConfig` whose mesh (`AcceleratorState` builds it)
+            the composable strategy parallelizes over: FSDP2 with HSDP and/or tensor
+            parallelism, or tensor parallelism alone.
         world_size: processes in the run (Megatron-LM checks its parallel sizes against it).
 
     Returns:
         The strategy object the Accelerator dispatches to.
 
     Raises:
-        ValueError: ``engine`` is not a known `DistributedType`, or Megatron-LM sizes that do
-            not divide ``world_size``.
+        ValueError: ``engine`` is not a known `DistributedType`, mesh dimensions FSDP1 cannot
+            shard over, or Megatron-LM sizes that do not divide ``world_size``.
     """
     choice = engine if isinstance(engine, EngineChoice) else None
     kind = choice.distributed_type if choice is not None else _label(engine)
-    if kind == DistributedType.FSDP:
-        plugin = choice.fsdp_plugin if choice is not None else None
-        on_mesh = _fsdp_on_mesh(plugin, device, parallelism_config)
-        return on_mesh if on_mesh is not None else _fsdp_strategy(plugin, device)
-    if kind == DistributedType.MEGATRON_LM and choice is not None:
-        from hasten.strategies.megatron import MegatronStrategy
-
-        return MegatronStrategy(choice.megatron_lm_plugin, world_size)
-    if kind == DistributedType.DEEPSPEED:
-        from hasten.strategies.deepspeed import DeepSpeedStrategy  # only for DeepSpeed runs
-
-        return DeepSpeedStrategy(_active_deepspeed_plugin, "gloo" if device.type == "cpu" else None)
-    if kind in _UNWIRED_TYPES:
-        return UnwiredStrategy(_UNWIRED_TYPES[kind])
-    unused = [n for n in (choice.requested if choice is not None else ()) if n != "fsdp"]
-    if unused and choice is not None and choice.name == "none":
-        # A DeepSpeed / Megatron-LM request this run cannot honour is refused, never ignored.
-        return UnwiredStrategy({"deepspeed": "DeepSpeed", "megatron_lm": "Megatron-LM"}[unused[0]])
-    tensor_parallel = _tensor_parallel(parallelism_config)
-    if tensor_parallel is not None:
-        return tensor_parallel
-    beyond_ddp = list(getattr(parallelism_config, "non_dp_dim_names", []))
-    if getattr(parallelism_config, "dp_shard_enabled", False):
-        beyond_ddp.insert(0, "dp_shard")
-    if beyond_ddp:
-        return UnwiredStrategy(f"composable parallelism ({', '.join(beyond_ddp)})")
-    if kind in _DDP_TYPES:
-        device_ids = None if device.type == "cpu" or device.index is None else [device.index]
-        return DDPStrategy(device_ids=device_ids, ddp_kwargs=ddp_kwargs)
-    return SingleDeviceStrategy()
+    request = _Request(kind, choice, device, ddp_kwargs, parallelism_config, world_size)
+    return _BUILDERS.get(kind, _data_parallel)(request)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -21,9 +21,13 @@ from typing_extensions import override
 from hasten.strategies.base import Strategy
 from hasten.strategies.rebind import canonical_name
 
+if TYPE_CHECKING:
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+
 __all__ = [
     "ShardedStrategy",
     "by_name",
+    "checkpoint_layout_of",
     "gather_to_main",
     "inner_optimizer",
     "state_dict_options",
@@ -123,24 +127,37 @@ def by_name(module: nn.Module, optimizer: Any, state_dict: dict[str, Any]) -> di
     }
 
 
+def checkpoint_layout_of(plugin: FullyShardedDataParallelPlugin | None) -> str:
+    """How save_state writes an FSDP plugin's models: "sharded" (DCP) for a SHARDED_STATE_DICT
+    (and without a plugin: tensor parallelism alone), else "replicated" (gathered)."""
+    if plugin is None:
+        return "sharded"
+    name = getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type))
+    return "sharded" if name == "SHARDED_STATE_DICT" else "replicated"
+
+
 class ShardedStrategy(Strategy):
     """Base of the strategies whose parameters are split across processes.
 
+    Full state dicts are gathered with torch's state-dict API (to the main process, in host
+    memory, when `full_offload`), sharded ones are this process's DTensor shards by name.
+
     Args:
-        plugin: the `FullyShardedDataParallelPlugin`.
         device: this process's compute device.
+        checkpoint_layout: "sharded" or "replicated" (see `checkpoint_layout_of`).
     """
 
     syncs_gradients = True
     shards_parameters = True
-    #: Whether full state dicts may be gathered with ``offload_to_cpu`` (FSDP1 segfaults on CPU).
+    #: Whether full state dicts are gathered to the main process in host memory (FSDP1
+    #: segfaults doing so on CPU; tensor parallelism alone gathers on every process).
     full_offload = True
+    #: The FSDP plugin the strategy shards as (None: tensor parallelism alone).
+    plugin: Any = None
 
-    def __init__(self, plugin: Any, device: torch.device) -> None:
-        self.plugin = plugin
+    def __init__(self, device: torch.device, checkpoint_layout: str) -> None:
         self.device = device
-        name = getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type))
-        self.checkpoint_layout = "sharded" if name == "SHARDED_STATE_DICT" else "replicated"
+        self.checkpoint_layout = checkpoint_layout
         # Tied parameter names of each prepared model (keyed by what `_module` returns).
         self._ties: weakref.WeakKeyDictionary[nn.Module, list[list[str]]] = (
             weakref.WeakKeyDictionary()

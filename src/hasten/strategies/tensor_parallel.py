@@ -1,4 +1,4 @@
-"""Tensor parallelism: shard a model's layers over the ``tp`` mesh from its tensor-parallel plan.
+"""Tensor-parallel plans: shard a model's layers over the ``tp`` mesh from its plan.
 
 A model carries its plan the transformers way, as ``tp_plan`` / ``_tp_plan``: a mapping of
 module-name patterns (``*`` matches one name segment, e.g. ``"layers.*.mlp.up"``) to styles
@@ -21,11 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from typing_extensions import override
 
 from hasten.core.constants import BETA_TP_AVAILABLE_TRANSFORMERS_VERSION
 from hasten.core.versions import compare_versions
-from hasten.strategies.base import Strategy
 from hasten.strategies.unwrap import extract_model_from_parallel
 
 if TYPE_CHECKING:
@@ -33,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TP_STYLES",
-    "TensorParallelStrategy",
     "apply_tp_plan",
     "clip_mixed_grad_norm_",
     "find_tp_plan",
@@ -41,6 +38,7 @@ __all__ = [
     "get_model_tp_size",
     "model_has_dtensor",
     "resolve_tp_plan",
+    "shard_by_plan",
 ]
 
 #: Style names hasten understands (the transformers spelling) and what each does.
@@ -238,123 +236,31 @@ def _is_transformers_model(model: nn.Module) -> bool:
     return any(cls.__module__.startswith("transformers.") for cls in type(model).__mro__)
 
 
-class TensorParallelStrategy(Strategy):
-    """Shard each prepared model over the ``tp`` sub-mesh of the job's mesh (pure tensor parallel).
+def shard_by_plan(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
+    """Apply ``model``'s plan over ``tp_mesh``, or accept it unchanged when it is already sharded.
 
-    Args:
-        mesh: the job's `DeviceMesh` (its ``tp`` dimension is used).
+    Raises:
+        ImportError: a transformers model with a transformers too old for tensor parallelism.
+        ValueError: a pre-sharded model's tensor-parallel degree differs from the mesh's, or
+            the plan does not fit the model (see `apply_tp_plan`).
     """
-
-    name = "tensor_parallel"
-    #: save_state writes DCP shards: every process its part of each DTensor.
-    checkpoint_layout = "sharded"
-
-    def __init__(self, mesh: DeviceMesh) -> None:
-        from hasten.state.mesh import submesh
-
-        tp = submesh(mesh, "tp")
-        if tp is None:
-            raise ValueError("TensorParallelStrategy needs a mesh with a 'tp' dimension")
-        self.mesh = mesh
-        self.tp_mesh = tp
-        self.tp_size = int(tp.size())
-
-    def shard(self, module: nn.Module) -> nn.Module:
-        """Apply the module's plan, or accept it unchanged when it is already sharded.
-
-        Raises:
-            ValueError: a pre-sharded model's tensor-parallel degree differs from ``tp_size``.
-        """
-        if _is_transformers_model(module) and not compare_versions(
-            "transformers", ">=", BETA_TP_AVAILABLE_TRANSFORMERS_VERSION
-        ):
-            raise ImportError(
-                "Tensor parallelism of transformers models needs transformers >= "
-                f"{BETA_TP_AVAILABLE_TRANSFORMERS_VERSION}; pip install -U transformers"
+    tp_size = int(tp_mesh.size())
+    if _is_transformers_model(model) and not compare_versions(
+        "transformers", ">=", BETA_TP_AVAILABLE_TRANSFORMERS_VERSION
+    ):
+        raise ImportError(
+            "Tensor parallelism of transformers models needs transformers >= "
+            f"{BETA_TP_AVAILABLE_TRANSFORMERS_VERSION}; pip install -U transformers"
+        )
+    if model_has_dtensor(model):
+        size = get_model_tp_size(model)
+        if size is not None and size != tp_size:
+            raise ValueError(
+                f"The model was already sharded with tensor-parallel degree {size}, but "
+                f"ParallelismConfig has tp_size={tp_size}; make them equal"
             )
-        if model_has_dtensor(module):
-            size = get_model_tp_size(module)
-            if size is not None and size != self.tp_size:
-                raise ValueError(
-                    f"The model was already sharded with tensor-parallel degree {size}, but "
-                    f"ParallelismConfig has tp_size={self.tp_size}; make them equal"
-                )
-            return module
-        return apply_tp_plan(module, self.tp_mesh)
-
-    @override
-    def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
-        return self.shard(super().setup_module(module, device))
-
-    @override
-    def clip_grad_norm_(
-        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip over sharded (DTensor) and plain gradients together; return the global norm."""
-        return clip_mixed_grad_norm_(parameters, max_norm, norm_type)
-
-    @override
-    def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:
-        """``full``: every shard gathered into plain tensors (on every process); else DTensors."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        state = get_model_state_dict(self._module(model))
-        return full_tensors(state) if full else state
-
-    @override
-    def load_model_state_dict(
-        self,
-        model: nn.Module,
-        state_dict: dict[str, Any],
-        *,
-        full: bool = True,
-        strict: bool = True,
-    ) -> None:
-        """Load plain tensors (``full``, every process) or DTensors into the sharded model."""
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        options = _options(full, strict=strict)
-        set_model_state_dict(self._module(model), state_dict, options=options)
-
-    @override
-    def optimizer_state_dict(
-        self, model: nn.Module, optimizer: Any, *, full: bool = True
-    ) -> dict[str, Any]:
-        """The optimizer's state keyed by parameter name (DTensors unless ``full``)."""
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        return get_optimizer_state_dict(
-            self._module(model), _inner(optimizer), options=_options(full)
-        )
-
-    @override
-    def load_optimizer_state_dict(
-        self, model: nn.Module, optimizer: Any, state_dict: dict[str, Any], *, full: bool = True
-    ) -> None:
-        """Load what `optimizer_state_dict` returned."""
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-        set_optimizer_state_dict(
-            self._module(model), _inner(optimizer), state_dict, options=_options(full)
-        )
-
-    def _module(self, model: nn.Module) -> nn.Module:
-        return self.unwrap(model, keep_torch_compile=False)
-
-    @override
-    def __repr__(self) -> str:
-        return f"TensorParallelStrategy(tp_size={self.tp_size})"
-
-
-def _options(full: bool, strict: bool = True) -> Any:
-    """Full state dicts on every process (plain tensors), else this process's DTensor shards."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=full, strict=strict)
-
-
-def _inner(optimizer: Any) -> torch.optim.Optimizer:
-    return getattr(optimizer, "optimizer", optimizer)
+        return model
+    return apply_tp_plan(model, tp_mesh)
 
 
 def full_tensors(state: dict[str, Any]) -> dict[str, Any]:

@@ -9,14 +9,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy
 from _support.fsdp_models import TinyTransformer
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.precision import Precision
+from hasten.strategies.composable import ComposableStrategy
 from hasten.strategies.fsdp1 import FSDP1Strategy
-from hasten.strategies.fsdp2 import (
-    FSDP2Strategy,
-    apply_activation_checkpointing,
-    ignored_modules,
-    modules_to_shard,
-    resolve_offload,
-)
+from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard, resolve_offload
+from hasten.strategies.parallelize import apply_ac
 
 CPU = torch.device("cpu")
 
@@ -65,7 +61,7 @@ def test_pinned_cpu_offload_without_an_accelerator() -> None:
     ):
         resolve_offload(explicit)
     with pytest.raises(ValueError, match="needs an accelerator"):
-        FSDP2Strategy(explicit, CPU).check_usable()
+        ComposableStrategy(explicit, CPU).check_usable()
     requested = FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=True)
     policy = resolve_offload(requested)
     assert isinstance(policy, CPUOffloadPolicy) and not policy.pin_memory
@@ -102,7 +98,7 @@ def test_fsdp1_refuses_what_cpu_cannot_do() -> None:
 def test_activation_checkpointing_needs_blocks() -> None:
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="no_wrap")
     with pytest.raises(ValueError, match="needs blocks to checkpoint"):
-        apply_activation_checkpointing(plugin, TinyTransformer())
+        apply_ac(TinyTransformer(), plugin)
 
 
 def test_ignored_modules_by_regex() -> None:
@@ -122,7 +118,7 @@ def test_fp16_scalers() -> None:
 
     v1 = FSDP1Strategy(FullyShardedDataParallelPlugin(fsdp_version=1), CPU)
     assert isinstance(v1.select_precision("fp16", CPU, None, None).scaler, ShardedGradScaler)
-    v2 = FSDP2Strategy(FullyShardedDataParallelPlugin(fsdp_version=2), CPU)
+    v2 = ComposableStrategy(FullyShardedDataParallelPlugin(fsdp_version=2), CPU)
     scaler = v2.select_precision("fp16", CPU, None, None).scaler
     assert type(scaler) is torch.amp.GradScaler  # DTensor gradients: torch's plain scaler
 
@@ -132,7 +128,7 @@ def test_a_meta_model_needs_cpu_ram_efficient_loading() -> None:
     with torch.device("meta"):
         model = TinyTransformer()
     with pytest.raises(ValueError, match=r"on the meta device.*cpu_ram_efficient_loading=True"):
-        FSDP2Strategy(plugin, CPU).prepare_module(
+        ComposableStrategy(plugin, CPU).prepare_module(
             model, CPU, precision=Precision("no"), compile_fn=lambda m: m
         )
 
@@ -171,6 +167,6 @@ def test_fsdp2_activation_checkpointing_offload_off_the_cpu_is_refused() -> None
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=2, activation_checkpointing=True, activation_checkpointing_offload=True
     )
-    FSDP2Strategy(plugin, CPU).check_usable()  # activations are in host memory already
+    ComposableStrategy(plugin, CPU).check_usable()  # activations are in host memory already
     with pytest.raises(ValueError, match=r"activation_checkpointing_offload is not wired"):
-        FSDP2Strategy(plugin, torch.device("cuda", 0)).check_usable()
+        ComposableStrategy(plugin, torch.device("cuda", 0)).check_usable()

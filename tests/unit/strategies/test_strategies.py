@@ -19,9 +19,9 @@ from hasten.strategies import (
     UnwiredStrategy,
     select_strategy,
 )
+from hasten.strategies.composable import ComposableStrategy
 from hasten.strategies.deepspeed import DeepSpeedStrategy
 from hasten.strategies.fsdp1 import FSDP1Strategy
-from hasten.strategies.fsdp2 import FSDP2Strategy
 
 
 @pytest.fixture
@@ -102,10 +102,10 @@ def test_select_maps_types_to_strategies() -> None:
     assert isinstance(gpu, DDPStrategy)
     assert gpu.device_ids == [1]
     fsdp = select_strategy(DistributedType.FSDP, device=cpu)  # the default plugin's version
-    assert isinstance(fsdp, (FSDP1Strategy, FSDP2Strategy)) and fsdp.shards_parameters
+    assert isinstance(fsdp, (FSDP1Strategy, ComposableStrategy)) and fsdp.shards_parameters
     plugin2 = FullyShardedDataParallelPlugin(fsdp_version=2)
     chosen = select_strategy(EngineChoice("fsdp", DistributedType.FSDP, plugin2), device=cpu)
-    assert isinstance(chosen, FSDP2Strategy) and chosen.checkpoint_layout == "sharded"
+    assert isinstance(chosen, ComposableStrategy) and chosen.checkpoint_layout == "sharded"
     # A DeepSpeed request this run cannot honour is refused, never silently ignored.
     choice = EngineChoice("none", DistributedType.MULTI_CPU, requested=("deepspeed",))
     plugin = select_strategy(choice, device=cpu)
