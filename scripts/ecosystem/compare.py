@@ -1,9 +1,12 @@
 """Compare two pytest JUnit XML reports of one suite: real accelerate vs hasten-as-accelerate.
 
-``python compare.py accelerate.xml hasten.xml`` prints each side's passed / failed / skipped /
-errors, then every test that passes with accelerate and does not with hasten (with the first
-line of hasten's failure message), and the tests that pass with hasten only. The exit code is 1
-when a test passes with accelerate and not with hasten.
+``python compare.py accelerate.xml[,more.xml] hasten.xml[,more.xml]`` prints each side's passed /
+failed / skipped / errors, then every test that passes with accelerate and does not with hasten
+(with the first line of hasten's failure message), and the tests that pass with hasten only. A
+side may be several reports (shards of one selection; the first report that has a test wins).
+With ``--common``, only the tests both sides ran are counted (runs stopped early: pytest still
+writes its report on Ctrl-C). The exit code is 1 when a test passes with accelerate and not with
+hasten.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ from pathlib import Path
 __all__ = ["main", "outcomes"]
 
 
-def outcomes(path: Path) -> dict[str, tuple[str, str]]:
+def outcomes(paths: str) -> dict[str, tuple[str, str]]:
+    """``{test id: (outcome, message)}`` from comma-separated JUnit XML files."""
+    results: dict[str, tuple[str, str]] = {}
+    for path in paths.split(","):
+        for test_id, result in _outcomes(Path(path)).items():
+            results.setdefault(test_id, result)
+    return results
+
+
+def _outcomes(path: Path) -> dict[str, tuple[str, str]]:
     """``{test id: (outcome, message)}`` from a JUnit XML file (passed/failed/skipped/error)."""
     results: dict[str, tuple[str, str]] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
@@ -39,12 +51,17 @@ def outcomes(path: Path) -> dict[str, tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("accelerate", type=Path)
-    parser.add_argument("hasten", type=Path)
+    parser.add_argument("accelerate", help="JUnit XML report(s), comma-separated")
+    parser.add_argument("hasten", help="JUnit XML report(s), comma-separated")
     parser.add_argument("--name", default="")
+    parser.add_argument("--common", action="store_true", help="count the tests both sides ran")
     args = parser.parse_args(argv)
     ref, ours = outcomes(args.accelerate), outcomes(args.hasten)
-    print(f"== {args.name or args.accelerate.stem}")
+    if args.common:
+        both = ref.keys() & ours.keys()
+        ref = {t: r for t, r in ref.items() if t in both}
+        ours = {t: r for t, r in ours.items() if t in both}
+    print(f"== {args.name or Path(args.accelerate).stem}")
     for side, res in (("accelerate", ref), ("hasten", ours)):
         n = Counter(outcome for outcome, _ in res.values())
         print(

@@ -20,7 +20,7 @@
 #
 # Test-environment adaptations, the same on both sides (each file says why):
 #   hub_standins.py      tiny stand-ins for the hub models / data sets the suites load most
-#   cpu_plugin.py        use_cpu=True on TrainingArguments when there is no GPU (trl defaults to bf16)
+#   suite_plugin.py      use_cpu=True when there is no GPU (trl defaults to bf16); peft stays offline
 #   torchvision_shim.py  lets the index's (CUDA-linked) torchvision import over the CPU torch wheel
 set -euo pipefail
 
@@ -108,7 +108,7 @@ run() {  # suite side
   mkdir -p "$out"
   cd "$dir"
   # diffusers' example tests start `accelerate launch`: the venv's own command comes first.
-  PATH="$v/bin:$PATH" "$v/bin/python" -m pytest -p no:cacheprovider -p cpu_plugin -o addopts= \
+  PATH="$v/bin:$PATH" "$v/bin/python" -m pytest -p no:cacheprovider -p suite_plugin -o addopts= \
     --timeout "$TIMEOUT" -q -rA --junitxml "$out/$1-$2.xml" "${args[@]}" > "$out/$1-$2.log" 2>&1 || true
   tail -n 1 "$out/$1-$2.log"
 }
@@ -117,7 +117,7 @@ compare() {
   local s
   for s in ${1:-$SUITES}; do
     [[ -f "$WORK/results/$s-accelerate.xml" && -f "$WORK/results/$s-hasten.xml" ]] || continue
-    "$(venv accelerate)/bin/python" "$HERE/compare.py" --name "$s" \
+    "$(venv accelerate)/bin/python" "$HERE/compare.py" --name "$s" ${ECOSUITES_COMPARE_ARGS:-} \
       "$WORK/results/$s-accelerate.xml" "$WORK/results/$s-hasten.xml" || true
   done
 }
