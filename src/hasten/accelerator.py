@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
@@ -40,8 +39,8 @@ from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
 from hasten.strategies import DDPStrategy, Strategy, select_strategy
+from hasten.strategies.call import PrepareCall, kind_of
 from hasten.training.accumulation import GradientAccumulator
-from hasten.training.compile import compile_model
 from hasten.training.prepare import (
     PreparedRegistry,
     check_optimizer_device,
@@ -206,29 +205,6 @@ def _data_parallel_comm(mesh: Any) -> Any:
     from hasten.ops.comm import data_parallel_comm
 
     return data_parallel_comm(mesh)
-
-
-def _is_deepspeed_dummy(obj: Any, class_name: str) -> bool:
-    """``obj`` is a `DummyOptim` / `DummyScheduler` (they stand for a DeepSpeed config's optimizer
-    / scheduler). Read from ``sys.modules`` so that importing hasten never loads the DeepSpeed
-    strategy package: nobody can hold a dummy before its module was imported."""
-    dummies = sys.modules.get("hasten.strategies.deepspeed.dummies")
-    return dummies is not None and isinstance(obj, getattr(dummies, class_name))
-
-
-def _kind(obj: Any) -> str:
-    """What prepare() does with ``obj``: "model", "optimizer", "scheduler", "data_loader", "other"."""
-    if isinstance(obj, nn.Module):
-        return "model"
-    if isinstance(obj, torch.optim.Optimizer) or _is_deepspeed_dummy(obj, "DummyOptim"):
-        return "optimizer"
-    if isinstance(obj, torch.utils.data.DataLoader):
-        return "data_loader"
-    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or _is_deepspeed_dummy(
-        obj, "DummyScheduler"
-    ):
-        return "scheduler"
-    return "other"
 
 
 class Accelerator:
@@ -712,46 +688,63 @@ class Accelerator:
 
     def _prepare_fresh(self, args: tuple[Any, ...], placements: list[bool | None]) -> list[Any]:
         """Prepare objects not prepared before, in one go (see `prepare`)."""
-        engine_prepared = self.strategy.prepare_all(self, list(args))
-        if engine_prepared is not None:
-            return self._register_engine_prepared(engine_prepared)
-        args = tuple(self.precision.prepare_together(list(args)))
-        result = list(args)
-        kinds = [_kind(obj) for obj in args]
-        models = [obj for obj, kind in zip(args, kinds) if kind == "model"]
-        model_places = iter([p for p, kind in zip(placements, kinds) if kind == "model"])
-        optimizers = [obj for obj, kind in zip(args, kinds) if kind == "optimizer"]
-        schedulers = [obj for obj, kind in zip(args, kinds) if kind == "scheduler"]
-        new_models, new_optimizers, new_schedulers = self.strategy.setup(
-            models,
-            optimizers,
-            schedulers,
-            lambda model: self.prepare_model(model, device_placement=next(model_places)),
-            earlier_optimizers=[opt.optimizer for opt in self._optimizers],
-            batch_sizes=self._batch_sizes([o for o, k in zip(args, kinds) if k == "data_loader"]),
-        )
-        replaced = {
-            "model": iter(new_models),
-            "optimizer": iter(new_optimizers),
-            "scheduler": iter(new_schedulers),
-        }
-        for i, kind in enumerate(kinds):
-            if kind in replaced:
-                result[i] = next(replaced[kind])
-        for i, (obj, place) in enumerate(zip(result, placements)):
-            if kinds[i] == "optimizer":
-                result[i] = self.prepare_optimizer(obj, device_placement=place)
-            elif kinds[i] == "data_loader":
-                result[i] = self.prepare_data_loader(obj, device_placement=place)
-        for i, obj in enumerate(result):
-            if kinds[i] == "scheduler":
-                result[i] = self.prepare_scheduler(obj)
+        call = self._prepare_call(args, placements)
+        prepared = self.strategy.setup(call)
+        if prepared.by_engine:
+            return self._register_engine_prepared(list(prepared.objects))
+        result = list(prepared.objects)
+        for i in call.indices("model"):
+            self._record_model(result[i])
+        for i, kind in enumerate(call.kinds):
+            if kind == "optimizer":
+                result[i] = self.prepare_optimizer(result[i], device_placement=call.placements[i])
+            elif kind == "data_loader":
+                result[i] = self.prepare_data_loader(result[i], device_placement=call.placements[i])
+        for i in call.indices("scheduler"):
+            result[i] = self.prepare_scheduler(result[i])
         return result
+
+    def _prepare_call(
+        self,
+        objects: Sequence[Any],
+        placements: Sequence[bool | None],
+        *,
+        whole: bool = True,
+        evaluation: bool = False,
+    ) -> PrepareCall:
+        """The `PrepareCall` of ``objects``: kinds, placements, and what the strategy needs of
+        the run. Each model is claimed here (and checked for a dispatcher's placement)."""
+        kinds = tuple(kind_of(obj) for obj in objects)
+        places = [self.device_placement if p is None else p for p in placements]
+        for i, kind in enumerate(kinds):
+            if kind == "model":
+                self._prepared.claim(objects[i], "model")
+                places[i] = self._model_placement(objects[i], places[i])
+        loaders = [obj for obj, kind in zip(objects, kinds) if kind == "data_loader"]
+        return PrepareCall(
+            objects=tuple(objects),
+            kinds=kinds,
+            placements=tuple(places),
+            device=self.device,
+            precision=self.precision,
+            dynamo=self.state.dynamo_plugin,
+            batch_sizes=tuple(self._batch_sizes(loaders)) if whole else (),
+            data=self.dataloader_config,
+            rng_types=tuple(self.rng_types),
+            earlier_models=tuple(self._models),
+            earlier_optimizers=tuple(opt.optimizer for opt in self._optimizers) if whole else (),
+            whole=whole,
+            evaluation=evaluation,
+        )
+
+    def _record_model(self, prepared: nn.Module, evaluation_only: bool = False) -> None:
+        self._mark(prepared, evaluation_only=evaluation_only)
+        self._models.append(prepared)
 
     def _hand_back(self, obj: Any, kind: str | None = None, training: bool = True) -> bool:
         """If ``obj`` is already prepared (for training, if ``training``), register it where
         prepare would have (once) and return True: prepare then returns it unchanged."""
-        kind = kind or _kind(obj)
+        kind = kind or kind_of(obj)
         if kind == "other" or not self._prepared.hands_back(obj, training):
             return False
         registries: dict[str, list[Any]] = {
@@ -832,8 +825,20 @@ class Accelerator:
         self.strategy.check_usable()
         if self._hand_back(model, "model", training=not evaluation_mode):
             return model
-        self._prepared.claim(model, "model")
-        place = self.device_placement if device_placement is None else device_placement
+        call = self._prepare_call(
+            (model,), [device_placement], whole=False, evaluation=evaluation_mode
+        )
+        prepared: nn.Module = self.strategy.setup(call).objects[0]
+        self._record_model(prepared, evaluation_only=evaluation_mode)
+        return prepared
+
+    def _model_placement(self, model: nn.Module, place: bool) -> bool:
+        """Whether ``model`` goes on the device: not when a dispatcher placed its layers.
+
+        Raises:
+            ValueError: a model dispatched over several devices, under a strategy that syncs
+                gradients across processes; or a quantized model placed where it cannot run.
+        """
         if self.verify_device_map(model) and not envvars.read_flag("ACCELERATE_BYPASS_DEVICE_MAP"):
             if self.strategy.syncs_gradients:
                 raise ValueError(
@@ -855,21 +860,7 @@ class Accelerator:
                 cpu_supported=is_bitsandbytes_multi_backend_available() and not is_xpu_available(),
             )
             place = False  # bitsandbytes placed the quantized weights
-        device = self.device if place else None
-        dynamo = self.state.dynamo_plugin
-        if evaluation_mode:
-            self.precision.wrap_forward(model)
-            prepared = compile_model(model.to(device) if device is not None else model, dynamo)
-        else:
-            prepared = self.strategy.prepare_module(
-                model,
-                device,
-                precision=self.precision,
-                compile_fn=lambda module: compile_model(module, dynamo),
-            )
-        self._mark(prepared, evaluation_only=evaluation_mode)
-        self._models.append(prepared)
-        return prepared
+        return place
 
     @staticmethod
     def verify_device_map(model: nn.Module) -> bool:

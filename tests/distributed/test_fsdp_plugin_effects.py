@@ -35,9 +35,15 @@ def _prepare(version: int, model: nn.Module | None = None, compile_fn: Any = Non
     if model is None:
         torch.manual_seed(0)
         model = TinyTransformer()
-    prepared = strategy.prepare_module(
-        model, CPU, precision=Precision("no"), compile_fn=compile_fn or (lambda m: m)
-    )
+    from hasten.strategies import parallelize
+
+    compile_step = parallelize.apply_compile
+    if compile_fn is not None:  # stands in for compilation, at its place in the written order
+        parallelize.apply_compile = lambda module, dynamo: compile_fn(module)
+    try:
+        prepared = strategy.prepare_module(model, CPU, precision=Precision("no"))
+    finally:
+        parallelize.apply_compile = compile_step
     return prepared, strategy
 
 

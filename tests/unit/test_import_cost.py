@@ -62,6 +62,8 @@ ACCELERATOR_IMPORTS = {
     "hasten.state.split",
     "hasten.strategies",
     "hasten.strategies.base",
+    "hasten.strategies.call",
+    "hasten.strategies.compile",
     "hasten.strategies.ddp",
     "hasten.strategies.rebind",
     "hasten.strategies.select",
@@ -70,7 +72,6 @@ ACCELERATOR_IMPORTS = {
     "hasten.strategies.unwrap",
     "hasten.training",
     "hasten.training.accumulation",
-    "hasten.training.compile",
     "hasten.training.prepare",
 }
 

@@ -299,9 +299,7 @@ def fsdp2_prepare_model(accelerator: Any, model: nn.Module) -> nn.Module:
     strategy = _strategy(None, accelerator)
     if not isinstance(strategy, ComposableStrategy) or strategy.plugin is None:
         raise ValueError("fsdp2_prepare_model needs fsdp_version=2 in the FSDP plugin.")
-    return strategy.prepare_module(
-        model, accelerator.device, precision=Precision(), compile_fn=lambda module: module
-    )
+    return strategy.prepare_module(model, accelerator.device, precision=Precision(), dynamo=None)
 
 
 def fsdp2_load_full_state_dict(

@@ -5,8 +5,8 @@ The Accelerator never branches on `DistributedType`; it asks its strategy object
 answers, for the whole run:
 
 - ``select_precision``: the numeric policy (autocast + scaler, or the engine's own policy);
-- ``setup``: models, optimizers and schedulers together (wrap/shard the models in the engine's
-  order, then point the optimizers at the new parameters by name, with a count check);
+- ``setup(PrepareCall)``: one prepare call's objects together (wrap/shard the models in the
+  engine's order, then point the optimizers at the new parameters by name, with a count check);
 - ``backward_fn`` / ``wrap_optimizer``: whether it owns backward and the optimizer step;
 - ``no_sync`` / ``clip_grad_norm_`` / ``unwrap``: per-step helpers;
 - ``model_state_dict`` / ``optimizer_state_dict`` (+ ``load_*``): full or sharded state dicts;
@@ -19,7 +19,7 @@ Every method here is the single-process answer; subclasses override only what di
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -29,15 +29,14 @@ from torch import nn
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.precision import Precision, select_precision
 from hasten.scheduler import AcceleratedScheduler
+from hasten.strategies.call import PrepareCall, Prepared
+from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.rebind import canonical_name, parameter_ids, rebind_optimizers
 from hasten.strategies.unwrap import extract_model_from_parallel
 
-__all__ = ["BackwardFn", "ModulePreparer", "Strategy"]
+__all__ = ["BackwardFn", "Strategy"]
 
 BackwardFn = Callable[..., None]
-#: What the Accelerator hands to `Strategy.setup` for each model: its bookkeeping (device-map
-#: check, prepared registry) around `Strategy.prepare_module`.
-ModulePreparer = Callable[[nn.Module], nn.Module]
 
 
 class Strategy:
@@ -78,58 +77,61 @@ class Strategy:
             fp8_recipe=fp8_recipe,
         )
 
+    def setup(self, call: PrepareCall) -> Prepared:
+        """Set up one prepare call's objects together (the one set-up hook).
+
+        The precision policy sees a ``prepare`` call's objects first (MS-AMP casts a model and
+        its optimizer together); each model then goes through `prepare_module` (for evaluation:
+        autocast, placement and compilation only); then every optimizer of the call (and of
+        earlier calls) is pointed at the parameters that replaced the ones it held, matched
+        by parameter name. Engines that set up a whole call at once override this.
+
+        Returns:
+            The call's objects in order, models replaced by the prepared ones and optimizers
+            retargeted (not wrapped yet).
+
+        Raises:
+            ValueError: an optimizer holds parameters that cannot be matched after set-up.
+        """
+        objects = list(call.objects)
+        if call.whole:
+            objects = list(call.precision.prepare_together(objects))
+        models = call.indices("model")
+        if call.evaluation:
+            for i in models:
+                objects[i] = _for_evaluation(objects[i], call.device_of(i), call)
+            return Prepared.of(objects)
+        before = [parameter_ids(objects[i]) for i in models]  # ids: sharding may free tensors
+        self.prepare_models(call, objects)
+        after = [_named(self.unwrap(objects[i], keep_torch_compile=False)) for i in models]
+        optimizers = [objects[i] for i in call.indices("optimizer")]
+        rebind_optimizers([*optimizers, *call.earlier_optimizers], before, after)
+        return Prepared.of(objects)
+
+    def prepare_models(self, call: PrepareCall, objects: list[Any]) -> None:
+        """Replace, in ``objects``, each model of ``call`` by what `prepare_module` makes of it."""
+        for i in call.indices("model"):
+            objects[i] = self.prepare_module(
+                objects[i], call.device_of(i), precision=call.precision, dynamo=call.dynamo
+            )
+
     def prepare_module(
         self,
         module: nn.Module,
         device: torch.device | None,
         *,
         precision: Precision,
-        compile_fn: Callable[[nn.Module], nn.Module],
+        dynamo: CompileSettings | None = None,
     ) -> nn.Module:
         """Precision forward, move + wrap, then compile (engines may choose another order)."""
         precision.wrap_forward(module)
-        return compile_fn(self.setup_module(module, device))
+        return compile_model(self.setup_module(module, device), dynamo)
 
     def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
         """Move ``module`` to ``device`` (None: leave it where it is) and wrap it if needed."""
         if device is not None:
             module = module.to(device)
         return module
-
-    def setup(
-        self,
-        models: Sequence[nn.Module],
-        optimizers: Sequence[torch.optim.Optimizer],
-        schedulers: Sequence[Any],
-        prepare: ModulePreparer,
-        *,
-        earlier_optimizers: Sequence[torch.optim.Optimizer] = (),
-        batch_sizes: Sequence[int] = (),
-    ) -> tuple[list[nn.Module], list[torch.optim.Optimizer], list[Any]]:
-        """Set up one prepare() call's models, optimizers and schedulers together.
-
-        Each model goes through ``prepare`` (which calls `prepare_module`); then every
-        optimizer of this call (and ``earlier_optimizers``, prepared before) is pointed at the
-        parameters that replaced the ones it held, matched by parameter name. ``batch_sizes``
-        are the per-process batch sizes of the data loaders prepared in this call (or before),
-        for engines whose config needs them (DeepSpeed's micro batch size).
-
-        Returns:
-            The prepared models, the (raw, retargeted) optimizers and the schedulers, in order.
-
-        Raises:
-            ValueError: an optimizer holds parameters that cannot be matched after set-up.
-        """
-        before = [parameter_ids(m) for m in models]  # ids: sharding may free the tensors
-        prepared = [prepare(m) for m in models]
-        after = [_named(self.unwrap(p, keep_torch_compile=False)) for p in prepared]
-        rebind_optimizers([*optimizers, *earlier_optimizers], before, after)
-        return prepared, list(optimizers), list(schedulers)
-
-    def prepare_all(self, accelerator: Any, objects: list[Any]) -> list[Any] | None:
-        """Prepare a whole prepare() call at once (Megatron-LM needs its loaders, model,
-        optimizer and scheduler together), or return None to let the Accelerator do it."""
-        return None
 
     def accumulation_steps(self, requested: int, explicit: bool) -> int:
         """The run's accumulation steps (engines whose config sets them may differ or refuse)."""
@@ -250,6 +252,12 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _for_evaluation(model: nn.Module, device: torch.device | None, call: PrepareCall) -> nn.Module:
+    """A model for inference only: autocast forward, placement and compilation, no wrapper."""
+    call.precision.wrap_forward(model)
+    return compile_model(model.to(device) if device is not None else model, call.dynamo)
 
 
 def _named(module: nn.Module) -> dict[str, nn.Parameter]:

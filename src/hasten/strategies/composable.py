@@ -15,7 +15,7 @@ parameters by name afterwards (`Strategy.setup`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -25,6 +25,7 @@ from typing_extensions import override
 
 from hasten.precision import Precision
 from hasten.state.mesh import submesh
+from hasten.strategies.compile import CompileSettings
 from hasten.strategies.fsdp_plugin import resolve_offload
 from hasten.strategies.parallelize import ParallelPlan, parallelize
 from hasten.strategies.sharded import (
@@ -150,16 +151,14 @@ class ComposableStrategy(ShardedStrategy):
                 "recomputes activations)."
             )
 
-    def plan(
-        self, precision: Precision, compile_fn: Callable[[nn.Module], nn.Module]
-    ) -> ParallelPlan:
+    def plan(self, precision: Precision, dynamo: CompileSettings | None) -> ParallelPlan:
         """The `ParallelPlan` each model of this run gets (builds the 1-D mesh on first use)."""
         return ParallelPlan(
             tp_mesh=submesh(self.mesh, "tp") if self.tensor_parallel else None,
             fsdp=self.plugin,
             fsdp_mesh=self._fsdp_mesh() if self.plugin is not None else None,
             precision=precision,
-            compile_fn=compile_fn,
+            dynamo=dynamo,
         )
 
     def _fsdp_mesh(self) -> DeviceMesh:
@@ -179,7 +178,7 @@ class ComposableStrategy(ShardedStrategy):
         device: torch.device | None,
         *,
         precision: Precision,
-        compile_fn: Callable[[nn.Module], nn.Module],
+        dynamo: CompileSettings | None = None,
     ) -> nn.Module:
         self.check_usable()
         ties = tied_parameter_names(module)
@@ -192,7 +191,7 @@ class ComposableStrategy(ShardedStrategy):
             module.to("meta")
         elif device is not None:
             module.to(device)
-        prepared = parallelize(module, self.plan(precision, compile_fn))
+        prepared = parallelize(module, self.plan(precision, dynamo))
         if full_state is not None:
             inner = (
                 cast(nn.Module, prepared._orig_mod) if is_compiled_module(prepared) else prepared

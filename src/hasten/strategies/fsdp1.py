@@ -15,7 +15,7 @@ import contextlib
 import copy
 import dataclasses
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +23,8 @@ from torch import nn
 from typing_extensions import override
 
 from hasten.precision import Precision, select_precision
-from hasten.strategies.base import ModulePreparer
+from hasten.strategies.call import PrepareCall, Prepared
+from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.fsdp1_gather import gather_units, weights_layout
 from hasten.strategies.fsdp_plugin import ignored_modules
 from hasten.strategies.sharded import (
@@ -116,7 +117,7 @@ class FSDP1Strategy(ShardedStrategy):
         device: torch.device | None,
         *,
         precision: Precision,
-        compile_fn: Callable[[nn.Module], nn.Module],
+        dynamo: CompileSettings | None = None,
     ) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -131,28 +132,24 @@ class FSDP1Strategy(ShardedStrategy):
             _checkpoint_blocks(self.plugin, wrapped, module)
         if layout is not None:
             self._layouts[wrapped] = layout
-        return compile_fn(wrapped)
+        return compile_model(wrapped, dynamo)
 
     @override
-    def setup(
-        self,
-        models: Sequence[nn.Module],
-        optimizers: Sequence[torch.optim.Optimizer],
-        schedulers: Sequence[Any],
-        prepare: ModulePreparer,
-        *,
-        earlier_optimizers: Sequence[torch.optim.Optimizer] = (),
-        batch_sizes: Sequence[int] = (),
-    ) -> tuple[list[nn.Module], list[torch.optim.Optimizer], list[Any]]:
-        if self.plugin.use_orig_params:
-            return super().setup(
-                models, optimizers, schedulers, prepare, earlier_optimizers=earlier_optimizers
-            )
-        originals = [list(m.parameters()) for m in models]
-        prepared = [prepare(m) for m in models]
-        for optimizer in optimizers:
-            _onto_flat_parameters(optimizer, originals, prepared)
-        return prepared, list(optimizers), list(schedulers)
+    def setup(self, call: PrepareCall) -> Prepared:
+        """With ``use_orig_params=False`` FSDP1 flattens the parameters: an optimizer over all
+        of one model's parameters is pointed at its flat parameters (nothing else can follow)."""
+        if self.plugin.use_orig_params or call.evaluation:
+            return super().setup(call)
+        objects = list(call.objects)
+        if call.whole:
+            objects = list(call.precision.prepare_together(objects))
+        models = call.indices("model")
+        originals = [list(objects[i].parameters()) for i in models]
+        self.prepare_models(call, objects)
+        prepared = [objects[i] for i in models]
+        for i in call.indices("optimizer"):
+            _onto_flat_parameters(objects[i], originals, prepared)
+        return Prepared.of(objects)
 
     @override
     def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:

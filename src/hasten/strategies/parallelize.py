@@ -18,12 +18,12 @@ more step here, at its place in the order.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
 from hasten.precision import Precision
+from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard, resolve_offload
 from hasten.strategies.tensor_parallel import shard_by_plan
 from hasten.strategies.unwrap import is_compiled_module
@@ -44,10 +44,6 @@ __all__ = [
 ]
 
 
-def _unchanged(module: nn.Module) -> nn.Module:
-    return module
-
-
 @dataclasses.dataclass(frozen=True)
 class ParallelPlan:
     """What `parallelize` applies to one model, and on which sub-mesh of the job's mesh.
@@ -58,14 +54,14 @@ class ParallelPlan:
             (None: no activation checkpointing and no FSDP).
         fsdp_mesh: the mesh ``fully_shard`` shards over (None: no FSDP).
         precision: the precision policy whose forward wraps the model before compilation.
-        compile_fn: compiles the model as the run asks (default: leaves it as it is).
+        dynamo: the compile settings (`TorchDynamoPlugin`; None: not compiled).
     """
 
     tp_mesh: DeviceMesh | None = None
     fsdp: FullyShardedDataParallelPlugin | None = None
     fsdp_mesh: DeviceMesh | None = None
     precision: Precision = dataclasses.field(default_factory=Precision)
-    compile_fn: Callable[[nn.Module], nn.Module] = _unchanged
+    dynamo: CompileSettings | None = None
 
 
 def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
@@ -80,7 +76,7 @@ def parallelize(model: nn.Module, plan: ParallelPlan) -> nn.Module:
     if plan.fsdp is not None and plan.fsdp.activation_checkpointing:
         model = apply_ac(model, plan.fsdp)
     plan.precision.wrap_forward(model)
-    prepared = apply_compile(model, plan.compile_fn)
+    prepared = apply_compile(model, plan.dynamo)
     if plan.fsdp is not None and plan.fsdp_mesh is not None:
         inner = cast(nn.Module, prepared._orig_mod) if is_compiled_module(prepared) else prepared
         apply_fsdp(inner, plan.fsdp, plan.fsdp_mesh)
@@ -113,9 +109,10 @@ def apply_ac(model: nn.Module, plugin: FullyShardedDataParallelPlugin) -> nn.Mod
     return model
 
 
-def apply_compile(model: nn.Module, compile_fn: Callable[[nn.Module], nn.Module]) -> nn.Module:
-    """Compile ``model`` as the run asks (a wrapper when whole, in place by regions)."""
-    return compile_fn(model)
+def apply_compile(model: nn.Module, dynamo: CompileSettings | None) -> nn.Module:
+    """Compile ``model`` as ``dynamo`` asks: a wrapper when whole, in place by regions (see
+    `compile_model`); unchanged without a backend."""
+    return compile_model(model, dynamo)
 
 
 def fully_shard_kwargs(plugin: FullyShardedDataParallelPlugin, mesh: DeviceMesh) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Orchestration of a training run: prepare, accumulation, metrics, compilation, profiling.
+"""Orchestration of a training run: prepare, accumulation, metrics, profiling.
 
 Names resolve lazily from their modules, so the Accelerator loads only the pieces a run uses.
 """
@@ -7,7 +7,6 @@ from hasten.core.lazy import lazy_namespace
 
 _TABLE: dict[str, list[str]] = {
     "hasten.training.accumulation": ["GradientAccumulator"],
-    "hasten.training.compile": ["compile_model", "compile_regions"],
     "hasten.training.metrics": ["gather_for_metrics"],
     "hasten.training.prepare": ["PreparedRegistry", "make_backward"],
     "hasten.training.profiling": ["profile"],

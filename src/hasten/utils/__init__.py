@@ -245,7 +245,7 @@ _TABLE: dict[str, list[str]] = {
         "is_compiled_module",
         "is_peft_model",
     ],
-    "hasten.training.compile": [
+    "hasten.strategies.compile": [
         "compile_regions",
         "compile_regions_deepspeed",
         "compile_regions_fsdp2",

@@ -38,6 +38,14 @@ from hasten.platforms.info import (
 from hasten.state import (
     wait_for_everyone,
 )
+from hasten.strategies.compile import (
+    compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
+    has_compiled_regions,
+    has_repeated_blocks,
+    is_repeated_blocks,
+)
 from hasten.strategies.tensor_parallel import (
     get_model_tp_size,
     model_has_dtensor,
@@ -45,14 +53,6 @@ from hasten.strategies.tensor_parallel import (
 from hasten.strategies.unwrap import (
     extract_model_from_parallel,
     is_compiled_module,
-)
-from hasten.training.compile import (
-    compile_regions,
-    compile_regions_deepspeed,
-    compile_regions_fsdp2,
-    has_compiled_regions,
-    has_repeated_blocks,
-    is_repeated_blocks,
 )
 
 __all__ = [

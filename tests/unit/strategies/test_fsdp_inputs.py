@@ -128,9 +128,7 @@ def test_a_meta_model_needs_cpu_ram_efficient_loading() -> None:
     with torch.device("meta"):
         model = TinyTransformer()
     with pytest.raises(ValueError, match=r"on the meta device.*cpu_ram_efficient_loading=True"):
-        ComposableStrategy(plugin, CPU).prepare_module(
-            model, CPU, precision=Precision("no"), compile_fn=lambda m: m
-        )
+        ComposableStrategy(plugin, CPU).prepare_module(model, CPU, precision=Precision("no"))
 
 
 def test_fsdp1_flat_parameters_take_only_an_optimizer_over_the_whole_model() -> None:

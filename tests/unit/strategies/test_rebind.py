@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 
+from hasten.precision import Precision
+from hasten.strategies.call import PrepareCall
 from hasten.strategies.rebind import canonical_name, parameter_ids, rebind_optimizers
 
 
@@ -75,11 +79,19 @@ def test_setup_holds_no_reference_to_the_parameters_it_replaces() -> None:
     old = weakref.ref(model.weight)
     freed: list[bool] = []
 
-    def prepare(module: nn.Module) -> nn.Module:
-        module.weight = nn.Parameter(torch.zeros(2, 2))  # what sharding does to every weight
-        gc.collect()
-        freed.append(old() is None)  # the unsharded weight can go while the rest is set up
-        return module
+    class Sharding(SingleDeviceStrategy):
+        def prepare_module(self, module: nn.Module, device: Any, **settings: Any) -> nn.Module:
+            module.weight = nn.Parameter(torch.zeros(2, 2))  # what sharding does to every weight
+            gc.collect()
+            freed.append(old() is None)  # the unsharded weight can go while the rest is set up
+            return module
 
-    SingleDeviceStrategy().setup([model], [], [], prepare)
+    call = PrepareCall(
+        objects=(model,),
+        kinds=("model",),
+        placements=(False,),
+        device=torch.device("cpu"),
+        precision=Precision(),
+    )
+    Sharding().setup(call)
     assert freed == [True]

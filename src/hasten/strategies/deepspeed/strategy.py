@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 import weakref
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
@@ -29,7 +29,9 @@ from hasten.optimizer import AcceleratedOptimizer
 from hasten.precision import Precision, select_precision
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import GradientState, PartialState
-from hasten.strategies.base import BackwardFn, ModulePreparer, Strategy
+from hasten.strategies.base import BackwardFn, Strategy
+from hasten.strategies.call import PrepareCall, Prepared
+from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.deepspeed.checkpoint import (
     EngineFileSink,
     EngineFileSource,
@@ -169,22 +171,20 @@ class DeepSpeedStrategy(Strategy):
         return steps
 
     @override
-    def setup(
-        self,
-        models: Sequence[nn.Module],
-        optimizers: Sequence[Any],
-        schedulers: Sequence[Any],
-        prepare: ModulePreparer,
-        *,
-        earlier_optimizers: Sequence[Any] = (),
-        batch_sizes: Sequence[int] = (),
-    ) -> tuple[list[nn.Module], list[Any], list[Any]]:
-        """One `deepspeed.initialize` for this call's model, optimizer and scheduler.
+    def setup(self, call: PrepareCall) -> Prepared:
+        """One `deepspeed.initialize` for a ``prepare`` call's model, optimizer and scheduler.
+
+        ``prepare_model`` on one model (and evaluation) keeps the base behaviour: the model is
+        not turned into an engine.
 
         Raises:
             ValueError: more than one model/optimizer/scheduler, or an optimizer without its
                 model (each engine is set up in its own prepare call), or a bad config.
         """
+        if not call.whole or call.evaluation:
+            return super().setup(call)
+        models, optimizers = call.indices("model"), call.indices("optimizer")
+        schedulers = call.indices("scheduler")
         counts = (len(models), len(optimizers), len(schedulers))
         if max(counts) > 1 or (not models and (optimizers or schedulers)):
             raise ValueError(
@@ -193,26 +193,31 @@ class DeepSpeedStrategy(Strategy):
                 "schedulers). Prepare a second model in its own call, after "
                 "AcceleratorState().select_deepspeed_plugin(name) if it has its own config."
             )
+        objects = list(call.objects)
         if not models:
-            return [], [], []
+            return Prepared.of(objects)
         plugin = self.plugin
         micro = None
-        if batch_sizes:
-            micro = min(batch_sizes) if plugin.is_train_batch_min else max(batch_sizes)
+        if call.batch_sizes:
+            sizes = call.batch_sizes
+            micro = min(sizes) if plugin.is_train_batch_min else max(sizes)
         inputs = EngineInputs(
-            model=models[0],
-            optimizer=optimizers[0] if optimizers else None,
-            scheduler=schedulers[0] if schedulers else None,
+            model=objects[models[0]],
+            optimizer=objects[optimizers[0]] if optimizers else None,
+            scheduler=objects[schedulers[0]] if schedulers else None,
             micro_batch_size=micro,
             num_processes=PartialState().num_processes,
             accumulation_steps=GradientState().num_steps,
         )
         engine, optimizer, scheduler = self._initialize(inputs)
-        return (
-            [prepare(engine)],
-            [] if optimizer is None else [optimizer],
-            [] if scheduler is None else [scheduler],
+        objects[models[0]] = self.prepare_module(
+            engine, call.device_of(models[0]), precision=call.precision, dynamo=call.dynamo
         )
+        if optimizers:
+            objects[optimizers[0]] = optimizer
+        if schedulers:
+            objects[schedulers[0]] = scheduler
+        return Prepared.of(objects)
 
     def _initialize(self, inputs: EngineInputs) -> tuple[Any, Any, Any]:
         config = resolve_config(self.plugin, inputs)
@@ -253,11 +258,11 @@ class DeepSpeedStrategy(Strategy):
         device: torch.device | None,
         *,
         precision: Precision,
-        compile_fn: Callable[[nn.Module], nn.Module],
+        dynamo: CompileSettings | None = None,
     ) -> nn.Module:
         """The engine is already placed and wrapped; regional compilation works in place."""
         inner = module.module if is_deepspeed_engine(module) else module
-        if compile_fn(inner) is not inner:  # type: ignore[arg-type]
+        if compile_model(inner, dynamo) is not inner:  # type: ignore[arg-type]
             raise NotImplementedError(
                 "Compiling a whole DeepSpeed-wrapped model would hide the engine's hooks behind "
                 "a torch.compile wrapper. Use TorchDynamoPlugin(use_regional_compilation=True) "

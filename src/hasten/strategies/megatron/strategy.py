@@ -8,6 +8,8 @@ CUDA and megatron-core when something is prepared.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,12 +22,15 @@ from hasten.core.imports import is_transformer_engine_available, require
 from hasten.platforms.checks import is_cuda_available
 from hasten.precision import Precision
 from hasten.precision.fp8 import FP8_INSTALL, check_fp8_hardware, fp8_backend_from_env
+from hasten.state import AcceleratorState
 from hasten.strategies.base import BackwardFn, Strategy
+from hasten.strategies.call import PrepareCall, Prepared
 from hasten.strategies.megatron.args import fp8_args, parallel_sizes
 from hasten.strategies.megatron.data import MegatronLMDummyDataLoader, MegatronLMDummyScheduler
 
 __all__ = [
     "MegatronFp8Precision",
+    "MegatronRun",
     "MegatronStrategy",
     "megatron_fp8_recipe",
     "micro_batch_size_of",
@@ -165,10 +170,17 @@ class MegatronStrategy(Strategy):
     def backward_fn(self, num_steps: int, scale: Any) -> BackwardFn | None:
         return _no_backward
 
-    def prepare_all(self, accelerator: Any, objects: list[Any]) -> list[Any] | None:
-        """Prepare one call's objects together, as Megatron-LM needs (see `prepare_call`)."""
+    @override
+    def setup(self, call: PrepareCall) -> Prepared:
+        """Set up a ``prepare`` call's objects together, as Megatron-LM needs (see
+        `prepare_call`); ``prepare_model`` on one model keeps the base behaviour."""
+        if not call.whole or call.evaluation:
+            return super().setup(call)
         self.check_usable()
-        return prepare_call(accelerator, self.plugin, self.sizes, objects)
+        objects = prepare_call(
+            MegatronRun.of(call), self.plugin, self.sizes, list(call.objects), call.earlier_models
+        )
+        return Prepared.of(objects, by_engine=True)
 
     def _check_unsharded(self, what: str) -> None:
         split = self.world_size // self.sizes["data_parallel_size"]
@@ -234,10 +246,65 @@ def _configure_plugin(plugin: Any, sizes: dict[str, int], objects: list[Any]) ->
             plugin.set_scheduler_args(obj)
 
 
+@dataclasses.dataclass(frozen=True)
+class MegatronRun:
+    """What Megatron-LM's helpers read of the run (``initialize``, ``MegatronEngine``,
+    ``prepare_data_loader``, ...): Accelerate hands them the Accelerator; the strategy hands
+    them this view of its `PrepareCall` and the shared state, with the same attribute names.
+    """
+
+    device: torch.device
+    rng_types: list[str]
+    split_batches: bool
+    dispatch_batches: bool | None
+
+    @classmethod
+    def of(cls, call: PrepareCall) -> MegatronRun:
+        """The run as ``call`` describes it."""
+        data = call.data
+        return cls(
+            device=call.device,
+            rng_types=list(call.rng_types),
+            split_batches=bool(data.split_batches) if data is not None else False,
+            dispatch_batches=data.dispatch_batches if data is not None else None,
+        )
+
+    @property
+    def state(self) -> AcceleratorState:
+        """The shared `AcceleratorState` (its ``megatron_lm_plugin``)."""
+        return AcceleratorState()
+
+    @property
+    def num_processes(self) -> int:
+        """Processes in the run."""
+        return int(self.state.num_processes)
+
+    @property
+    def process_index(self) -> int:
+        """This process's index."""
+        return int(self.state.process_index)
+
+    @property
+    def mixed_precision(self) -> str:
+        """The run's mixed precision ("no", "fp16", "bf16" or "fp8")."""
+        return str(self.state.mixed_precision)
+
+
 def prepare_call(
-    accelerator: Any, plugin: Any, sizes: dict[str, int], objects: list[Any]
+    run: Any,
+    plugin: Any,
+    sizes: dict[str, int],
+    objects: list[Any],
+    earlier_models: Sequence[nn.Module] = (),
 ) -> list[Any]:
     """Megatron-LM's prepare: configure, initialise megatron-core, build and wrap everything.
+
+    Args:
+        run: what the helpers read of the run (a `MegatronRun`, or an Accelerator).
+        plugin: the `MegatronLMPlugin`.
+        sizes: the parallel sizes (`parallel_sizes`).
+        objects: the call's objects, in order.
+        earlier_models: models prepared by earlier calls (Megatron-LM trains one).
 
     Raises:
         ValueError: a second model, no data loader, more than 3 dummy loaders, or a torch LR
@@ -247,7 +314,7 @@ def prepare_call(
     from hasten.strategies.megatron.data import prepare_data_loader
 
     models = [obj for obj in objects if isinstance(obj, nn.Module)]
-    if len(models) > 1 or (models and getattr(accelerator, "_models", None)):
+    if len(models) > 1 or (models and earlier_models):
         raise ValueError("Megatron-LM trains one model per Accelerator; prepare a single model.")
     dummies = [obj for obj in objects if isinstance(obj, MegatronLMDummyDataLoader)]
     if len(dummies) > 3:
@@ -256,19 +323,19 @@ def prepare_call(
             "train, valid and test loaders of Megatron's datasets: pass at most 3."
         )
     _configure_plugin(plugin, sizes, objects)
-    args = engine.initialize(accelerator, args_defaults=plugin.megatron_lm_default_args)
+    args = engine.initialize(run, args_defaults=plugin.megatron_lm_default_args)
     if dummies:
         # Before the engine: the train step reads Megatron samples when the flag is set.
         dummies[0].set_megatron_data_args(args)
-    model, optimizer, scheduler = engine.prepare_model_optimizer_scheduler(accelerator)
+    model, optimizer, scheduler = engine.prepare_model_optimizer_scheduler(run)
     wrapped_optimizer = engine.MegatronLMOptimizerWrapper(optimizer)
     replaced: dict[type, Any] = {
-        nn.Module: engine.MegatronEngine(accelerator, model, optimizer, scheduler),
+        nn.Module: engine.MegatronEngine(run, model, optimizer, scheduler),
         torch.optim.Optimizer: wrapped_optimizer,
         MegatronLMDummyScheduler: engine.MegatronLMSchedulerWrapper(scheduler, wrapped_optimizer),
     }
     # The dummies of the call stand for the train, valid and test loaders, in that order.
-    megatron_loaders = list(prepare_data_loader(accelerator, dummies[0])) if dummies else []
+    megatron_loaders = list(prepare_data_loader(run, dummies[0])) if dummies else []
     result = []
     for obj in objects:
         kind = next((k for k in replaced if isinstance(obj, k)), None)
@@ -277,7 +344,7 @@ def prepare_call(
         elif isinstance(obj, MegatronLMDummyDataLoader):
             result.append(megatron_loaders.pop(0))
         elif isinstance(obj, torch.utils.data.DataLoader):
-            result.append(prepare_data_loader(accelerator, obj))
+            result.append(prepare_data_loader(run, obj))
         else:
             result.append(obj)
     return result

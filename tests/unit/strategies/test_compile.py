@@ -6,8 +6,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hasten.strategies.compile import compile_model, compile_regions, repeated_blocks
 from hasten.strategies.unwrap import is_compiled_module
-from hasten.training.compile import compile_model, compile_regions, repeated_blocks
 
 
 class Block(nn.Module):
@@ -94,7 +94,7 @@ def test_compile_model_follows_plugin() -> None:
 
 
 def test_repeated_block_predicates() -> None:
-    from hasten.training.compile import has_repeated_blocks, is_repeated_blocks
+    from hasten.strategies.compile import has_repeated_blocks, is_repeated_blocks
 
     blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
     assert is_repeated_blocks(blocks)
@@ -106,7 +106,7 @@ def test_repeated_block_predicates() -> None:
 
 
 def test_has_compiled_regions_sees_compiled_submodules_and_regional_compilation() -> None:
-    from hasten.training.compile import has_compiled_regions
+    from hasten.strategies.compile import has_compiled_regions
 
     model = nn.Sequential(nn.Linear(2, 2), nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]))
     assert not has_compiled_regions(model)
