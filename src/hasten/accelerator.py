@@ -33,7 +33,7 @@ from hasten.config.project import (
 from hasten.core.coerce import whole_number
 from hasten.core.environment import str_to_bool
 from hasten.core.imports import is_bitsandbytes_multi_backend_available
-from hasten.optimizer import AcceleratedOptimizer
+from hasten.optimizer import AcceleratedOptimizer, unwrap_optimizer
 from hasten.platforms.checks import is_xpu_available
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
@@ -1058,7 +1058,7 @@ class Accelerator:
         if not isinstance(targets, (list, tuple)):
             targets = [targets]
         for opt in targets:
-            self.precision.unscale_(getattr(opt, "optimizer", opt))
+            self.precision.unscale_(unwrap_optimizer(opt))
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
         """Unscale gradients, then clip their total norm to ``max_norm``; return the norm."""

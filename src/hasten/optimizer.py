@@ -17,7 +17,7 @@ import torch
 from hasten.core.nested import honor_type
 from hasten.state import GradientState, PartialState
 
-__all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]
+__all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step", "unwrap_optimizer"]
 
 # Attributes rebuilt on unpickling rather than pickled: the shared state is per process, the
 # hook handle points into the wrapped optimizer, and `step` may be a scheduler's closure.
@@ -33,6 +33,12 @@ def move_to_device(state: Any, device: torch.device | str) -> Any:
     if isinstance(state, torch.Tensor):
         return state.to(device)
     return state
+
+
+def unwrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer under hasten's (or an engine's) wrapper: the one whose ``step`` changes the
+    state; ``optimizer`` itself when it is not wrapped."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

@@ -17,7 +17,7 @@ from hasten.big_modeling.device_map import device_for, resolve_device_map
 from hasten.big_modeling.hooks import AlignDevicesHook, CpuOffload, UserCpuOffloadHook
 from hasten.big_modeling.loading import checkpoint_files
 from hasten.big_modeling.offload import OffloadedWeightsLoader
-from hasten.big_modeling.tensors import as_device
+from hasten.big_modeling.tensors import as_device, first_device
 
 __all__ = [
     "cpu_offload",
@@ -42,11 +42,6 @@ def _late() -> Any:
     return sys.modules["hasten.big_modeling"]
 
 
-def _first_device(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
 def cpu_offload(
     model: nn.Module,
     execution_device: torch.device | None = None,
@@ -64,7 +59,7 @@ def cpu_offload(
         preload_module_classes: classes whose whole subtree loads at once.
     """
     if execution_device is None:
-        execution_device = _first_device(model)
+        execution_device = first_device(model)
     if state_dict is None:
         state_dict = {name: tensor.to("cpu") for name, tensor in model.state_dict().items()}
     _late().add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
@@ -109,7 +104,7 @@ def disk_offload(
     if not (Path(offload_dir) / "index.json").is_file():
         _late().offload_state_dict(offload_dir, model.state_dict())
     if execution_device is None:
-        execution_device = _first_device(model)
+        execution_device = first_device(model)
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
     _late().add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     _late().attach_align_device_hook(

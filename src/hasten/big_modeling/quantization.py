@@ -27,6 +27,7 @@ from hasten.big_modeling.loading import load_checkpoint_in_model
 from hasten.big_modeling.offload import offload_weight
 from hasten.big_modeling.tensors import (
     find_tied_parameters,
+    first_device,
     set_module_tensor_to_device,
     split_tensor_name,
 )
@@ -176,11 +177,6 @@ def has_4bit_bnb_layers(model: nn.Module) -> bool:
     """Whether the model holds bitsandbytes 4-bit linear layers."""
     bnb = _bitsandbytes()
     return any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
-
-
-def _first_device(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
 
 
 def _default_device() -> str | int:
@@ -367,7 +363,7 @@ def load_and_quantize_model(
     keep_fp32 = list(config.keep_in_fp32_modules or [])
     skip += keep_fp32
     dtype = config.torch_dtype
-    if _first_device(model).type != "meta":
+    if first_device(model).type != "meta":
         logger.warning(
             "quantizing an already loaded model: build it under init_empty_weights instead"
         )

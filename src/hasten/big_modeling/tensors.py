@@ -20,6 +20,7 @@ __all__ = [
     "check_tied_parameters_on_same_device",
     "ensure_weights_retied",
     "find_tied_parameters",
+    "first_device",
     "get_module_children_bottom_up",
     "get_module_class_from_name",
     "get_non_persistent_buffers",
@@ -32,6 +33,12 @@ __all__ = [
 _META = torch.device("meta")
 _UNCAST_PREFIXES = ("torch.uint", "torch.int", "torch.bool")
 _QUANTIZED_PARAMS = ("Int8Params", "FP4Params", "Params4bit")
+
+
+def first_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (the CPU for a model without parameters)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def as_device(device: int | str | torch.device) -> torch.device:

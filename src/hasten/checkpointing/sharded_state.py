@@ -29,6 +29,7 @@ from hasten.checkpointing.io import UnsafeCheckpointError
 from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
 from hasten.checkpointing.writer import SavePlan, Snapshot, write_jobs
 from hasten.core.nested import recursively_apply
+from hasten.optimizer import unwrap_optimizer
 from hasten.state import PartialState
 
 __all__ = [
@@ -201,7 +202,7 @@ def stage_sharded(
             deferred.defer(
                 name,
                 {"state": parts.pop(name)["state"]},
-                getattr(optimizer, "optimizer", optimizer),
+                unwrap_optimizer(optimizer),
             )
             staged.deferred[name] = copy(state["param_groups"])
     staged.copies = {name: copy(state) for name, state in parts.items()}

@@ -61,6 +61,7 @@ from hasten.checkpointing.writer import (
 from hasten.core.errors import CheckpointNotFoundError
 from hasten.core.nested import recursively_apply
 from hasten.ops.collectives import gather_object, reduce
+from hasten.optimizer import unwrap_optimizer
 from hasten.state import PartialState
 from hasten.strategies import Strategy
 
@@ -128,7 +129,9 @@ def _shared_jobs(
             # only the per-parameter state waits for the writer thread: a tensor learning rate
             # in param_groups may be changed in place by a scheduler before the next step
             groups = copy(state["param_groups"])
-            jobs.append(deferred.job(name, {**state, "param_groups": groups}, _inner(optimizer)))
+            jobs.append(
+                deferred.job(name, {**state, "param_groups": groups}, unwrap_optimizer(optimizer))
+            )
         else:
             jobs.append(pickle_job(name, copy(state)))
     jobs += [
@@ -157,11 +160,6 @@ def _on_cpu(obj: Any) -> bool:
     found: list[bool] = []
     recursively_apply(lambda t: found.append(t.device.type == "cpu"), obj)
     return all(found)
-
-
-def _inner(optimizer: Any) -> Any:
-    """The torch optimizer whose ``step`` changes the state (under hasten's wrapper)."""
-    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:

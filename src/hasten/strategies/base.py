@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hasten.optimizer import AcceleratedOptimizer
+from hasten.optimizer import AcceleratedOptimizer, unwrap_optimizer
 from hasten.precision import Precision, select_precision
 from hasten.scheduler import AcceleratedScheduler
 from hasten.strategies.call import PrepareCall, Prepared
@@ -235,7 +235,7 @@ class Strategy:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         module = self.unwrap(model, keep_torch_compile=False)
-        return get_optimizer_state_dict(module, getattr(optimizer, "optimizer", optimizer))
+        return get_optimizer_state_dict(module, unwrap_optimizer(optimizer))
 
     def load_optimizer_state_dict(
         self, model: nn.Module, optimizer: Any, state_dict: dict[str, Any], *, full: bool = True
@@ -247,7 +247,7 @@ class Strategy:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         module = self.unwrap(model, keep_torch_compile=False)
-        inner = getattr(optimizer, "optimizer", optimizer)
+        inner = unwrap_optimizer(optimizer)
         set_optimizer_state_dict(module, inner, state_dict)
 
     def __repr__(self) -> str:

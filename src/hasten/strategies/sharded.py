@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from typing_extensions import override
 
+from hasten.optimizer import unwrap_optimizer
 from hasten.strategies.base import Strategy
 from hasten.strategies.rebind import canonical_name
 
@@ -29,15 +30,9 @@ __all__ = [
     "by_name",
     "checkpoint_layout_of",
     "gather_to_main",
-    "inner_optimizer",
     "state_dict_options",
     "tied_parameter_names",
 ]
-
-
-def inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer under hasten's `AcceleratedOptimizer` wrapper."""
-    return getattr(optimizer, "optimizer", optimizer)
 
 
 def state_dict_options(*, full: bool, cpu_offload: bool, strict: bool = True) -> Any:
@@ -215,7 +210,7 @@ class ShardedStrategy(Strategy):
 
         options = state_dict_options(full=full, cpu_offload=self.full_offload)
         return get_optimizer_state_dict(
-            self._module(model), inner_optimizer(optimizer), options=options
+            self._module(model), unwrap_optimizer(optimizer), options=options
         )
 
     @override
@@ -225,7 +220,7 @@ class ShardedStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         options = state_dict_options(full=full, cpu_offload=self.full_offload)
-        module, inner = self._module(model), inner_optimizer(optimizer)
+        module, inner = self._module(model), unwrap_optimizer(optimizer)
         if full:
             state_dict = by_name(module, inner, state_dict)
         set_optimizer_state_dict(module, inner, state_dict, options=options)
@@ -239,7 +234,7 @@ class ShardedStrategy(Strategy):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         options = state_dict_options(full=False, cpu_offload=self.full_offload)
-        module, inner = self._module(model), inner_optimizer(optimizer)
+        module, inner = self._module(model), unwrap_optimizer(optimizer)
         return get_state_dict(module, inner, options=options)
 
     def load_sharded_state_dicts(
@@ -251,7 +246,7 @@ class ShardedStrategy(Strategy):
         options = state_dict_options(full=False, cpu_offload=self.full_offload)
         set_state_dict(
             self._module(model),
-            inner_optimizer(optimizer),
+            unwrap_optimizer(optimizer),
             model_state_dict=model_state,
             optim_state_dict=optimizer_state,
             options=options,

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hasten.core.imports import is_lomo_available, require
+from hasten.optimizer import unwrap_optimizer
 
 __all__ = ["is_lomo_optimizer", "lomo_backward"]
 
@@ -22,7 +23,7 @@ def is_lomo_optimizer(optimizer: Any) -> bool:
     if not is_lomo_available():
         return False
     lomo = require("lomo_optim", feature="LOMO optimizers", pip_name="lomo-optim")  # optional
-    inner = getattr(optimizer, "optimizer", optimizer)
+    inner = unwrap_optimizer(optimizer)
     return isinstance(inner, (lomo.Lomo, lomo.AdaLomo))
 
 
@@ -57,5 +58,5 @@ def lomo_backward(optimizers: Sequence[Any], loss: torch.Tensor, learning_rate: 
             f"{len(targets)} LOMO optimizers were prepared, but one loss can be backpropagated "
             "only once: build one Lomo/AdaLomo over the whole model."
         )
-    inner = getattr(targets[0], "optimizer", targets[0])
+    inner = unwrap_optimizer(targets[0])
     inner.fused_backward(loss, learning_rate)

@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
+from hasten.strategies.base import BackwardFn
+
 __all__ = [
     "PreparedRegistry",
     "check_optimizer_device",
     "make_backward",
     "same_device",
 ]
-
-BackwardFn = Callable[..., None]
 
 
 class _IdentitySet:
