@@ -38,8 +38,9 @@ from hasten.platforms.checks import is_xpu_available
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
-from hasten.strategies import DDPStrategy, Strategy, select_strategy
+from hasten.strategies import Strategy, select_strategy
 from hasten.strategies.call import PrepareCall, kind_of
+from hasten.strategies.ddp import sync_in_backward
 from hasten.training.accumulation import GradientAccumulator
 from hasten.training.prepare import (
     PreparedRegistry,
@@ -52,9 +53,18 @@ from hasten.training.prepare import (
 # `from hasten import Accelerator` loads only what every run needs (the list of modules it loads
 # is pinned by tests/unit/test_import_cost.py).
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from hasten.checkpointing import CheckpointContents, CheckpointManager
+    from hasten.config.deepspeed import DeepSpeedPlugin
+    from hasten.config.enums import DynamoBackend
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
     from hasten.config.kwargs import AutocastKwargs, KwargsHandler, ProfileKwargs
+    from hasten.config.megatron import MegatronLMPlugin
+    from hasten.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
+    from hasten.ops.comm import Communicator
     from hasten.tracking.manager import TrackerManager
+    from hasten.tracking.registry import LogWith
 
 __all__ = ["Accelerator"]
 
@@ -160,14 +170,16 @@ def _resolve_mixed_precision(value: Any) -> str | None:
     )
 
 
-def _resolve_dynamo(backend: Any, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin:
+def _resolve_dynamo(
+    backend: DynamoBackend | str | None, plugin: TorchDynamoPlugin | None
+) -> TorchDynamoPlugin:
     if backend is not None and plugin is not None:
         raise ValueError(
             f"dynamo_backend={backend!r} and dynamo_plugin were both passed; pass only one "
             "(TorchDynamoPlugin(backend=...) holds the backend too)."
         )
     if backend is not None:
-        return TorchDynamoPlugin(backend=backend)
+        return TorchDynamoPlugin(backend=backend)  # type: ignore[arg-type]  # a name is parsed
     return plugin if plugin is not None else TorchDynamoPlugin()
 
 
@@ -188,7 +200,10 @@ def _resolve_data_config(
     return config
 
 
-def _resolve_deepspeed(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
+def _resolve_deepspeed(
+    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
+    deepspeed_plugins: dict[str, DeepSpeedPlugin] | None,
+) -> DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None:
     """The DeepSpeed request (one plugin or a dict of named ones); the engine is chosen later."""
     if deepspeed_plugin is not None and deepspeed_plugins is not None:
         raise ValueError(
@@ -198,7 +213,7 @@ def _resolve_deepspeed(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
     return deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
 
 
-def _data_parallel_comm(mesh: Any) -> Any:
+def _data_parallel_comm(mesh: DeviceMesh | None) -> Communicator | None:
     """Collectives over the data-parallel replicas of ``mesh`` (None: no mesh, every process)."""
     if mesh is None:
         return None
@@ -218,11 +233,14 @@ class Accelerator:
         gradient_accumulation_steps: micro-batches per optimizer step (used by `accumulate`).
         cpu: force the CPU even when an accelerator is present.
         dataloader_config: how data loaders are sharded (`DataLoaderConfiguration`).
-        deepspeed_plugin: DeepSpeed settings (accepted and validated; engine not wired yet).
+        deepspeed_plugin: DeepSpeed settings: each prepare() call builds one DeepSpeed engine
+            (CPU processes too, over gloo).
         fsdp_plugin: FSDP settings: FSDP2 (``fully_shard``) or FSDP1 shards the prepared models
             over the processes (CPU processes too, over gloo).
-        torch_tp_plugin: tensor-parallel settings (deprecated upstream; stored only).
-        megatron_lm_plugin: Megatron-LM settings (accepted and validated; not wired yet).
+        torch_tp_plugin: tensor-parallel settings (deprecated, as in Accelerate): turned into
+            ``ParallelismConfig(tp_size=...)`` with a FutureWarning.
+        megatron_lm_plugin: Megatron-LM settings: megatron-core builds model, optimizer,
+            schedule and loaders in one prepare() call (CUDA only).
         rng_types: RNGs synchronised at each epoch start ("torch", "cuda", "generator", ...).
         log_with: tracker name(s) or `GeneralTracker` instances for `init_trackers`/`log`.
         project_dir: where trackers and checkpoints write; sets ``project_config.project_dir``.
@@ -233,7 +251,8 @@ class Accelerator:
         dynamo_backend: torch.compile backend (excludes ``dynamo_plugin``).
         dynamo_plugin: full `TorchDynamoPlugin`.
         deepspeed_plugins: several named DeepSpeed plugins (excludes ``deepspeed_plugin``).
-        parallelism_config: a `ParallelismConfig` (stored; composable parallelism not wired).
+        parallelism_config: a `ParallelismConfig`: the job's device mesh, over which the
+            composable strategy applies tensor parallelism and FSDP2 (HSDP, FSDP2 x TP).
 
     Raises:
         ValueError: an unknown mixed_precision, a non-positive accumulation, or conflicting
@@ -249,21 +268,21 @@ class Accelerator:
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
         dataloader_config: DataLoaderConfiguration | None = None,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
-        torch_tp_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
+        deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        torch_tp_plugin: TorchTensorParallelPlugin | None = None,
+        megatron_lm_plugin: MegatronLMPlugin | None = None,
         rng_types: list[str] | None = None,
-        log_with: Any = None,
+        log_with: LogWith = None,
         project_dir: str | None = None,
         project_config: ProjectConfiguration | None = None,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[KwargsHandler] | None = None,
-        dynamo_backend: Any = None,
+        dynamo_backend: DynamoBackend | str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
-        deepspeed_plugins: Any = None,
-        parallelism_config: Any = None,
+        deepspeed_plugins: dict[str, DeepSpeedPlugin] | None = None,
+        parallelism_config: ParallelismConfig | None = None,
     ) -> None:
         self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
         if project_dir is not None and self.project_configuration.project_dir is None:
@@ -338,7 +357,7 @@ class Accelerator:
             self._checkpoint_manager = CheckpointManager(self.project_configuration)
         return self._checkpoint_manager
 
-    def _new_tracker_manager(self, log_with: Any) -> TrackerManager:
+    def _new_tracker_manager(self, log_with: LogWith) -> TrackerManager:
         from hasten.tracking.manager import TrackerManager
 
         logging_dir, is_main_process = self._tracker_args
@@ -466,7 +485,7 @@ class Accelerator:
     @property
     def fp8_backend(self) -> FP8BackendType:
         """The fp8 library in use (AO, TE or MSAMP); otherwise what ACCELERATE_FP8_BACKEND names."""
-        backend = getattr(self.precision, "backend", None)
+        backend = self.precision.backend
         if backend is not None:
             return backend
         from hasten.precision.fp8 import fp8_backend_from_env
@@ -783,7 +802,7 @@ class Accelerator:
     @property
     def deepspeed_engine_wrapped(self) -> Any:
         """The engine wrapper `backward` drives under DeepSpeed (None otherwise)."""
-        return getattr(self.strategy, "_trainer", None)
+        return self.strategy.engine_wrapper
 
     def _mark(self, prepared: Any, evaluation_only: bool = False) -> None:
         # Accelerate's marker, which other libraries test to avoid preparing twice.
@@ -1020,7 +1039,7 @@ class Accelerator:
     @staticmethod
     def trigger_sync_in_backward(model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Context forcing the next backward of a DDP ``model`` to all-reduce gradients."""
-        return DDPStrategy().trigger_sync_in_backward(model)
+        return sync_in_backward(model)
 
     @contextlib.contextmanager
     def join_uneven_inputs(

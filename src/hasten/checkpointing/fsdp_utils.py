@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard
 from hasten.strategies.parallelize import apply_ac
 from hasten.strategies.rebind import canonical_name
 from hasten.strategies.sharded import ShardedStrategy, state_dict_options
+
+if TYPE_CHECKING:
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 __all__ = [
     "disable_fsdp_ram_efficient_loading",
@@ -333,7 +336,8 @@ def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping:
 
 def fsdp2_apply_ac(accelerator: Any, model: nn.Module) -> nn.Module:
     """Checkpoint the activations of the blocks the plugin's wrap policy picks."""
-    return apply_ac(model, _strategy(None, accelerator).plugin)
+    plugin = _strategy(None, accelerator).plugin  # an FSDP strategy's: never None here
+    return apply_ac(model, cast("FullyShardedDataParallelPlugin", plugin))
 
 
 def fsdp2_canonicalize_names(named_params: dict) -> dict:

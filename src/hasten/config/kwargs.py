@@ -31,6 +31,7 @@ __all__ = [
     "Backend",
     "DistributedDataParallelKwargs",
     "FP8Format",
+    "FP8Recipe",
     "FP8RecipeKwargs",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
@@ -534,3 +535,7 @@ class FP8RecipeKwargs(TERecipeKwargs, MSAMPRecipeKwargs):
             )
         TERecipeKwargs.__post_init__(self)
         MSAMPRecipeKwargs.__post_init__(self)
+
+
+#: Any fp8 recipe handler (`FP8RecipeKwargs` is both a TE and an MS-AMP recipe).
+FP8Recipe = AORecipeKwargs | TERecipeKwargs | MSAMPRecipeKwargs

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hasten.config.enums import enum_value
+from hasten.config.enums import DistributedType, enum_value
 from hasten.core.nested import convert_to_fp32
 from hasten.core.versions import is_torch_version
 from hasten.platforms import current_platform
@@ -159,15 +159,20 @@ class AmpPrecision(Precision):
 
 
 def make_grad_scaler(
-    device_type: str, distributed_type: Any = None, **kwargs: Any
+    device_type: str,
+    distributed_type: DistributedType | str | None = None,
+    *,
+    sharded: bool = False,
+    **kwargs: Any,
 ) -> torch.amp.GradScaler:
-    """Build the grad scaler for ``device_type`` (FSDP gets its sharded scaler).
+    """Build the grad scaler for ``device_type``: FSDP1's sharded one when ``sharded`` (or for
+    the FSDP label, as Accelerate's ``get_grad_scaler(distributed_type)`` asks).
 
     Raises:
         ValueError: MPS with torch older than 2.8, which has no MPS grad scaler.
     """
-    # `distributed_type` is a label from the caller (Accelerate's signature): compare by value.
-    if distributed_type is not None and distributed_type == "FSDP":
+    # A label from Accelerate's signature is compared by value, here only.
+    if sharded or (distributed_type is not None and distributed_type == "FSDP"):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler(device_type, **kwargs)
@@ -179,7 +184,9 @@ def make_grad_scaler(
     return torch.amp.GradScaler(device_type, **kwargs)
 
 
-def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> torch.amp.GradScaler:
+def get_grad_scaler(
+    distributed_type: DistributedType | str | None = None, **kwargs: Any
+) -> torch.amp.GradScaler:
     """Return the `GradScaler` for the platform this process runs on.
 
     Args:

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from hasten.config.enums import FP8BackendType
+
 __all__ = ["Precision"]
 
 
@@ -26,6 +28,8 @@ class Precision:
 
     native_amp: bool = False
     scaler: torch.amp.GradScaler | None = None
+    #: The fp8 library of an fp8 policy (None for the others).
+    backend: FP8BackendType | None = None
 
     def __init__(self, mixed_precision: str = "no") -> None:
         self.mixed_precision = mixed_precision

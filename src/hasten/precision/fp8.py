@@ -135,6 +135,8 @@ class Fp8Precision(AmpPrecision):
         autocast_kwargs: an `AutocastKwargs`.
     """
 
+    backend: FP8BackendType
+
     def __init__(
         self,
         backend: FP8BackendType,

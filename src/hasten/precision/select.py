@@ -6,15 +6,18 @@ request fails at `Accelerator(...)` with a message saying what is allowed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hasten.config.enums import parse_mixed_precision
+from hasten.config.enums import PrecisionType, parse_mixed_precision
 from hasten.core.versions import is_torch_version
 from hasten.platforms.checks import is_bf16_available
 from hasten.precision.amp import AmpPrecision, make_grad_scaler
 from hasten.precision.base import Precision
+
+if TYPE_CHECKING:
+    from hasten.config.kwargs import AutocastKwargs, FP8Recipe, GradScalerKwargs
 
 __all__ = ["FP16_DEVICE_TYPES", "select_precision"]
 
@@ -57,14 +60,14 @@ def _check_device(value: str, device_type: str) -> None:
 
 
 def select_precision(
-    mixed_precision: Any,
+    mixed_precision: PrecisionType | str | None,
     device: torch.device | str,
     *,
-    autocast_kwargs: Any = None,
-    scaler_kwargs: Any = None,
-    distributed_type: Any = None,
+    autocast_kwargs: AutocastKwargs | None = None,
+    scaler_kwargs: GradScalerKwargs | None = None,
+    sharded_scaler: bool = False,
     engine_managed: bool = False,
-    fp8_recipe: Any = None,
+    fp8_recipe: FP8Recipe | None = None,
 ) -> Precision:
     """Return the precision policy for a run.
 
@@ -74,7 +77,7 @@ def select_precision(
         device: the device the model computes on.
         autocast_kwargs: an `AutocastKwargs` handler.
         scaler_kwargs: a `GradScalerKwargs` handler (fp16).
-        distributed_type: the run's `DistributedType` (FSDP gets a sharded grad scaler).
+        sharded_scaler: fp16 scales flat sharded gradients (FSDP1: torch's `ShardedGradScaler`).
         engine_managed: the strategy's engine (DeepSpeed, Megatron-LM) handles precision
             itself; the policy then only carries the label.
         fp8_recipe: the fp8 recipe handler (`AORecipeKwargs`, `TERecipeKwargs`, ...), if any.
@@ -104,5 +107,5 @@ def select_precision(
     scaler = None
     if value == "fp16":
         options = scaler_kwargs.to_kwargs() if scaler_kwargs is not None else {}
-        scaler = make_grad_scaler(device_type, distributed_type, **options)
+        scaler = make_grad_scaler(device_type, sharded=sharded_scaler, **options)
     return AmpPrecision(value, device_type, autocast_kwargs=autocast_kwargs, scaler=scaler)

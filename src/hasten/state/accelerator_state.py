@@ -11,7 +11,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -25,6 +25,9 @@ from hasten.state._shared import SharedState, unreadable_state
 from hasten.state.engine import EngineChoice, resolve_engine
 from hasten.state.mesh import build_device_mesh
 from hasten.state.partial import PartialState
+
+if TYPE_CHECKING:
+    from hasten.config.megatron import MegatronLMPlugin
 
 __all__ = ["AcceleratorState"]
 
@@ -162,7 +165,7 @@ class AcceleratorState(SharedState):
         self.torch_tp_plugin = plugins["torch_tp_plugin"]
         self.parallelism_config = plugins["parallelism_config"]
         self.fsdp_plugin = None
-        self.megatron_lm_plugin = None
+        self.megatron_lm_plugin: MegatronLMPlugin | None = None
         self.deepspeed_plugins = None
         self.device_mesh = None
         self._check_context_parallel(plugins)

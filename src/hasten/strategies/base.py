@@ -1,4 +1,5 @@
-"""The `Strategy` interface: the engine seam between the Accelerator and DDP/FSDP/DeepSpeed/...
+"""The `Strategy` interface: hasten's adapter between the Accelerator and one engine (DDP, FSDP,
+tensor parallelism, DeepSpeed, megatron-core: the runtime that does the distributed work).
 
 The Accelerator never branches on `DistributedType`; it asks its strategy object, which
 `strategies.select.select_strategy` picked once from the resolved `EngineChoice`. A strategy
@@ -19,9 +20,9 @@ Every method here is the single-process answer; subclasses override only what di
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,6 +34,10 @@ from hasten.strategies.call import PrepareCall, Prepared
 from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.rebind import canonical_name, parameter_ids, rebind_optimizers
 from hasten.strategies.unwrap import extract_model_from_parallel
+
+if TYPE_CHECKING:
+    from hasten.config.enums import PrecisionType
+    from hasten.config.kwargs import AutocastKwargs, FP8Recipe, GradScalerKwargs
 
 __all__ = ["BackwardFn", "Strategy"]
 
@@ -54,18 +59,19 @@ class Strategy:
     owns_optimizer_step: bool = False
 
     def check_usable(self) -> None:
-        """Raise if this strategy cannot run yet (engines that are accepted but not wired)."""
+        """Raise (naming the fix) if this strategy cannot run here (a missing package, no CUDA,
+        an engine hasten does not run yet)."""
 
     # ------------------------------------------------------------------ set-up (once)
 
     def select_precision(
         self,
-        mixed_precision: Any,
+        mixed_precision: PrecisionType | str | None,
         device: torch.device,
-        autocast_kwargs: Any,
-        scaler_kwargs: Any,
+        autocast_kwargs: AutocastKwargs | None,
+        scaler_kwargs: GradScalerKwargs | None,
         *,
-        fp8_recipe: Any = None,
+        fp8_recipe: FP8Recipe | None = None,
     ) -> Precision:
         """Choose the precision policy (default: autocast, plus a GradScaler under fp16;
         fp8 through the recipe's backend)."""
@@ -140,6 +146,12 @@ class Strategy:
     def release(self) -> None:
         """Free what the engine holds (hooks, threads, buffers) while the process group lives."""
 
+    @property
+    def engine_wrapper(self) -> Any:
+        """The wrapper through which `backward` drives a third-party engine (DeepSpeed's
+        ``DeepSpeedEngineWrapper``), or None when hasten runs backward itself."""
+        return None
+
     def backward_fn(self, num_steps: int, scale: Callable[[Any], Any] | None) -> BackwardFn | None:
         """Return a backward the engine owns (e.g. DeepSpeed's), or None for hasten's own."""
         return None
@@ -175,10 +187,9 @@ class Strategy:
         """Context letting processes with fewer batches shadow collectives (nothing to do here)."""
         return contextlib.nullcontext()
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, module: nn.Module) -> Iterator[None]:
+    def trigger_sync_in_backward(self, module: nn.Module) -> AbstractContextManager[None]:
         """Context that forces the next backward to synchronise gradients."""
-        yield
+        return contextlib.nullcontext()
 
     def unwrap(
         self, module: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
@@ -226,7 +237,7 @@ class Strategy:
         self.unwrap(model, keep_torch_compile=False).load_state_dict(state_dict, strict=strict)
 
     def optimizer_state_dict(
-        self, model: nn.Module, optimizer: Any, *, full: bool = True
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, *, full: bool = True
     ) -> dict[str, Any]:
         """The optimizer's state dict: ``full`` = torch's own format, else keyed by parameter
         name (the form sharded checkpoints store, loadable on any number of processes)."""
@@ -238,7 +249,12 @@ class Strategy:
         return get_optimizer_state_dict(module, unwrap_optimizer(optimizer))
 
     def load_optimizer_state_dict(
-        self, model: nn.Module, optimizer: Any, state_dict: dict[str, Any], *, full: bool = True
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state_dict: dict[str, Any],
+        *,
+        full: bool = True,
     ) -> None:
         """Load what `optimizer_state_dict` returned."""
         if full:

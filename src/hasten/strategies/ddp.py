@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from hasten.strategies.base import Strategy
 
-__all__ = ["DDPStrategy", "DDPWrapSettings"]
+__all__ = ["DDPStrategy", "DDPWrapSettings", "sync_in_backward"]
 
 # DistributedDataParallelKwargs fields that configure the comm hook, not the DDP constructor.
 _HOOK_FIELDS = frozenset({"comm_hook", "comm_wrapper", "comm_state_option"})
@@ -31,6 +31,24 @@ class DDPWrapSettings(Protocol):
     def register_comm_hook(self, model: DistributedDataParallel) -> None:
         """Install the requested communication hook (fp16/bf16/PowerSGD...) on ``model``."""
         ...
+
+
+@contextlib.contextmanager
+def sync_in_backward(module: nn.Module) -> Iterator[None]:
+    """Context in which the next backward of a `DistributedDataParallel` ``module`` all-reduces
+    its gradients, even inside ``no_sync`` (any other module: nothing to do)."""
+    if not isinstance(module, DistributedDataParallel):
+        yield
+        return
+    saved = (module.require_backward_grad_sync, module.require_forward_param_sync)
+    module.require_backward_grad_sync = True
+    module.require_forward_param_sync = True
+    # The reducer must expect this backward even if forward ran under no_sync.
+    module.reducer.prepare_for_backward([])
+    try:
+        yield
+    finally:
+        module.require_backward_grad_sync, module.require_forward_param_sync = saved
 
 
 class DDPStrategy(Strategy):
@@ -83,20 +101,8 @@ class DDPStrategy(Strategy):
         return Join(joinables)
 
     @override
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, module: nn.Module) -> Iterator[None]:
-        if not isinstance(module, DistributedDataParallel):
-            yield
-            return
-        saved = (module.require_backward_grad_sync, module.require_forward_param_sync)
-        module.require_backward_grad_sync = True
-        module.require_forward_param_sync = True
-        # The reducer must expect this backward even if forward ran under no_sync.
-        module.reducer.prepare_for_backward([])
-        try:
-            yield
-        finally:
-            module.require_backward_grad_sync, module.require_forward_param_sync = saved
+    def trigger_sync_in_backward(self, module: nn.Module) -> AbstractContextManager[None]:
+        return sync_in_backward(module)
 
     @override
     def __repr__(self) -> str:

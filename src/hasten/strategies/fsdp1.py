@@ -15,8 +15,8 @@ import contextlib
 import copy
 import dataclasses
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,6 +33,11 @@ from hasten.strategies.sharded import (
     tied_parameter_names,
 )
 
+if TYPE_CHECKING:
+    from hasten.config.enums import PrecisionType
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.config.kwargs import AutocastKwargs, FP8Recipe, GradScalerKwargs
+
 __all__ = ["FSDP1Strategy"]
 
 
@@ -41,7 +46,9 @@ class FSDP1Strategy(ShardedStrategy):
 
     name = "fsdp1"
 
-    def __init__(self, plugin: Any, device: torch.device) -> None:
+    plugin: FullyShardedDataParallelPlugin
+
+    def __init__(self, plugin: FullyShardedDataParallelPlugin, device: torch.device) -> None:
         super().__init__(device, checkpoint_layout_of(plugin))
         self.plugin = plugin
         # FULL_STATE_DICT with offload_to_cpu=True segfaults when FSDP1 computes on the CPU.
@@ -55,12 +62,12 @@ class FSDP1Strategy(ShardedStrategy):
     @override
     def select_precision(
         self,
-        mixed_precision: Any,
+        mixed_precision: PrecisionType | str | None,
         device: torch.device,
-        autocast_kwargs: Any,
-        scaler_kwargs: Any,
+        autocast_kwargs: AutocastKwargs | None,
+        scaler_kwargs: GradScalerKwargs | None,
         *,
-        fp8_recipe: Any = None,
+        fp8_recipe: FP8Recipe | None = None,
     ) -> Precision:
         # fp16 with flat sharded gradients needs torch's ShardedGradScaler.
         return select_precision(
@@ -68,7 +75,7 @@ class FSDP1Strategy(ShardedStrategy):
             device,
             autocast_kwargs=autocast_kwargs,
             scaler_kwargs=scaler_kwargs,
-            distributed_type="FSDP",
+            sharded_scaler=True,
             fp8_recipe=fp8_recipe,
         )
 
@@ -181,7 +188,7 @@ class FSDP1Strategy(ShardedStrategy):
 
     @override
     def clip_grad_norm_(
-        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
         wanted = {id(p) for p in parameters}
         for root in self._prepared_roots:
@@ -193,7 +200,7 @@ class FSDP1Strategy(ShardedStrategy):
         )
 
 
-def _no_full_offload(plugin: Any) -> None:
+def _no_full_offload(plugin: FullyShardedDataParallelPlugin) -> None:
     """Full state-dict configs without ``offload_to_cpu`` (torch breaks on it on a CPU run)."""
     from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig
 
@@ -204,7 +211,9 @@ def _no_full_offload(plugin: Any) -> None:
             setattr(plugin, name, dataclasses.replace(config, offload_to_cpu=False))
 
 
-def _checkpoint_blocks(plugin: Any, wrapped: nn.Module, original: nn.Module) -> None:
+def _checkpoint_blocks(
+    plugin: FullyShardedDataParallelPlugin, wrapped: nn.Module, original: nn.Module
+) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,

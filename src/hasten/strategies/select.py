@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from hasten.strategies.base import Strategy
 from hasten.strategies.ddp import DDPStrategy, DDPWrapSettings
 from hasten.strategies.single import SingleDeviceStrategy
 from hasten.strategies.unwired import UnwiredStrategy
+
+if TYPE_CHECKING:
+    from hasten.config.parallelism import ParallelismConfig
 
 __all__ = ["select_strategy"]
 
@@ -40,7 +43,7 @@ _DDP_TYPES = frozenset(
 )
 
 
-def _label(distributed_type: Any) -> DistributedType:
+def _label(distributed_type: DistributedType | str) -> DistributedType:
     try:
         return DistributedType(distributed_type)
     except ValueError:
@@ -59,7 +62,7 @@ class _Request:
     choice: EngineChoice | None
     device: torch.device
     ddp_kwargs: DDPWrapSettings | None
-    config: Any  # a ParallelismConfig (or None)
+    config: ParallelismConfig | None
     world_size: int
 
 
@@ -67,7 +70,10 @@ def _fsdp(request: _Request) -> Strategy:
     """FSDP2 (the composable strategy, on the job's mesh when there is one) or FSDP1."""
     plugin = request.choice.fsdp_plugin if request.choice is not None else None
     # a bare FSDP label (no EngineChoice) means the default plugin and no mesh
-    mesh = getattr(request.config, "device_mesh", None) if plugin is not None else None
+    config = request.config if plugin is not None else None
+    mesh = config.device_mesh if config is not None else None
+    if config is None or mesh is None:
+        config = None
     if plugin is None:
         from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
@@ -75,10 +81,10 @@ def _fsdp(request: _Request) -> Strategy:
     if plugin.fsdp_version == 2:
         from hasten.strategies.composable import ComposableStrategy
 
-        config = request.config if mesh is not None else None
         return ComposableStrategy(plugin, request.device, mesh, config)
-    config = request.config
-    if mesh is not None and (config.tp_enabled or config.cp_enabled or config.dp_replicate_enabled):
+    if config is not None and (
+        config.tp_enabled or config.cp_enabled or config.dp_replicate_enabled
+    ):
         raise ValueError(
             f"ParallelismConfig dimensions {config.active_mesh_dims} need FSDP2, but the FSDP "
             "plugin has fsdp_version=1; set fsdp_version=2 (--fsdp_version 2)"
@@ -118,7 +124,8 @@ def _data_parallel(request: _Request) -> Strategy:
     beyond_ddp = list(getattr(config, "non_dp_dim_names", []))
     if getattr(config, "dp_shard_enabled", False):
         beyond_ddp.insert(0, "dp_shard")
-    if beyond_ddp == ["tp"] and getattr(config, "tp_enabled", False):  # tensor parallelism alone
+    tensor_parallel_alone = beyond_ddp == ["tp"] and getattr(config, "tp_enabled", False)
+    if config is not None and tensor_parallel_alone:
         from hasten.strategies.composable import ComposableStrategy  # only for tp runs
 
         return ComposableStrategy(None, request.device, config.device_mesh, config)
@@ -157,7 +164,7 @@ def select_strategy(
     *,
     device: torch.device,
     ddp_kwargs: DDPWrapSettings | None = None,
-    parallelism_config: Any = None,
+    parallelism_config: ParallelismConfig | None = None,
     world_size: int = 1,
 ) -> Strategy:
     """Pick the strategy for this run.
@@ -179,7 +186,10 @@ def select_strategy(
         ValueError: ``engine`` is not a known `DistributedType`, mesh dimensions FSDP1 cannot
             shard over, or Megatron-LM sizes that do not divide ``world_size``.
     """
-    choice = engine if isinstance(engine, EngineChoice) else None
-    kind = choice.distributed_type if choice is not None else _label(engine)
+    if isinstance(engine, EngineChoice):
+        choice: EngineChoice | None = engine
+        kind = engine.distributed_type
+    else:
+        choice, kind = None, _label(engine)
     request = _Request(kind, choice, device, ddp_kwargs, parallelism_config, world_size)
     return _BUILDERS.get(kind, _data_parallel)(request)

@@ -10,7 +10,7 @@ non-zero ranks deadlocks on gloo).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -94,7 +94,9 @@ def gather_to_main(part: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def by_name(module: nn.Module, optimizer: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
+def by_name(
+    module: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+) -> dict[str, Any]:
     """A torch-format optimizer state dict (parameters numbered) keyed by parameter name instead.
 
     Lets a checkpoint of an unsharded run (one process, DDP) load into a sharded optimizer.
@@ -148,7 +150,7 @@ class ShardedStrategy(Strategy):
     #: segfaults doing so on CPU; tensor parallelism alone gathers on every process).
     full_offload = True
     #: The FSDP plugin the strategy shards as (None: tensor parallelism alone).
-    plugin: Any = None
+    plugin: FullyShardedDataParallelPlugin | None = None
 
     def __init__(self, device: torch.device, checkpoint_layout: str) -> None:
         self.device = device
@@ -204,7 +206,7 @@ class ShardedStrategy(Strategy):
 
     @override
     def optimizer_state_dict(
-        self, model: nn.Module, optimizer: Any, *, full: bool = True
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, *, full: bool = True
     ) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -215,7 +217,12 @@ class ShardedStrategy(Strategy):
 
     @override
     def load_optimizer_state_dict(
-        self, model: nn.Module, optimizer: Any, state_dict: dict[str, Any], *, full: bool = True
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state_dict: dict[str, Any],
+        *,
+        full: bool = True,
     ) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
@@ -225,7 +232,9 @@ class ShardedStrategy(Strategy):
             state_dict = by_name(module, inner, state_dict)
         set_optimizer_state_dict(module, inner, state_dict, options=options)
 
-    def sharded_state_dicts(self, model: nn.Module, optimizer: Any) -> tuple[Any, Any]:
+    def sharded_state_dicts(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """This process's shards of ``model`` and of its one ``optimizer``, in one pass.
 
         torch's `get_state_dict` walks the model once for both, where separate model and
@@ -238,7 +247,11 @@ class ShardedStrategy(Strategy):
         return get_state_dict(module, inner, options=options)
 
     def load_sharded_state_dicts(
-        self, model: nn.Module, optimizer: Any, model_state: Any, optimizer_state: Any
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        model_state: dict[str, Any],
+        optimizer_state: dict[str, Any],
     ) -> None:
         """Load what `sharded_state_dicts` returned (sharded: no broadcast, so one call is safe)."""
         from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -254,7 +267,7 @@ class ShardedStrategy(Strategy):
 
     @override
     def clip_grad_norm_(
-        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         to_full = getattr(norm, "full_tensor", None)

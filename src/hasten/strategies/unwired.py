@@ -1,4 +1,4 @@
-"""Placeholder for engines whose plugins are accepted but whose strategy is not wired yet."""
+"""Stand-in for an engine hasten does not run (XLA), or a plugin this run cannot honour."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ __all__ = ["UnwiredStrategy"]
 
 
 class UnwiredStrategy(Strategy):
-    """Stands in for DeepSpeed / FSDP / Megatron-LM / XLA until their engines land.
+    """Stands in for an engine hasten does not run (XLA), or a DeepSpeed / Megatron-LM plugin a
+    run cannot honour (a Megatron-LM label without its plugin, a plugin without its engine).
 
     The Accelerator can be built (the plugin is validated and stored), but preparing anything
     raises `NotImplementedError` that names the engine and what works today.

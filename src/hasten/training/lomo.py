@@ -58,5 +58,5 @@ def lomo_backward(optimizers: Sequence[Any], loss: torch.Tensor, learning_rate: 
             f"{len(targets)} LOMO optimizers were prepared, but one loss can be backpropagated "
             "only once: build one Lomo/AdaLomo over the whole model."
         )
-    inner = unwrap_optimizer(targets[0])
+    inner: Any = unwrap_optimizer(targets[0])  # a Lomo / AdaLomo
     inner.fused_backward(loss, learning_rate)

@@ -9,11 +9,14 @@ with the value to set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
+
+if TYPE_CHECKING:
+    from hasten.config.deepspeed import DeepSpeedPlugin
 
 __all__ = ["EngineInputs", "check_batch_sizes", "resolve_config"]
 
@@ -123,7 +126,7 @@ def check_batch_sizes(config: dict[str, Any], num_processes: int) -> None:
         )
 
 
-def _auto_values(plugin: Any, inputs: EngineInputs) -> dict[str, Any]:
+def _auto_values(plugin: DeepSpeedPlugin, inputs: EngineInputs) -> dict[str, Any]:
     """Values for every "auto" hasten knows; dotted config keys."""
     values: dict[str, Any] = {
         "gradient_accumulation_steps": inputs.accumulation_steps,
@@ -182,7 +185,7 @@ def _remaining_autos(config: dict[str, Any], prefix: str = "") -> list[str]:
     return found
 
 
-def resolve_config(plugin: Any, inputs: EngineInputs) -> dict[str, Any]:
+def resolve_config(plugin: DeepSpeedPlugin, inputs: EngineInputs) -> dict[str, Any]:
     """Fill the plugin's config for one engine and check it; returns the plugin's config dict.
 
     Raises:

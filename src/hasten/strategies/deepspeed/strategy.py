@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,11 @@ from hasten.strategies.deepspeed.zero import (
     release_engines,
 )
 from hasten.strategies.unwrap import extract_model_from_parallel
+
+if TYPE_CHECKING:
+    from hasten.config.deepspeed import DeepSpeedPlugin
+    from hasten.config.enums import PrecisionType
+    from hasten.config.kwargs import AutocastKwargs, FP8Recipe, GradScalerKwargs
 
 __all__ = ["DeepSpeedStrategy", "engine_tag", "ensure_process_group", "is_deepspeed_engine"]
 
@@ -128,7 +133,9 @@ class DeepSpeedStrategy(Strategy):
     #: The engine places and steps the optimizer state (offload may keep it on the host).
     owns_optimizer_step = True
 
-    def __init__(self, active_plugin: Callable[[], Any], backend: str | None = "gloo") -> None:
+    def __init__(
+        self, active_plugin: Callable[[], DeepSpeedPlugin], backend: str | None = "gloo"
+    ) -> None:
         self._active_plugin = active_plugin
         self.backend = backend
         self.engines: list[Any] = []
@@ -139,19 +146,19 @@ class DeepSpeedStrategy(Strategy):
         require("deepspeed", feature="DeepSpeedPlugin", extra="deepspeed")
 
     @property
-    def plugin(self) -> Any:
+    def plugin(self) -> DeepSpeedPlugin:
         """The DeepSpeed plugin the next prepare uses."""
         return self._active_plugin()
 
     @override
     def select_precision(
         self,
-        mixed_precision: Any,
+        mixed_precision: PrecisionType | str | None,
         device: torch.device,
-        autocast_kwargs: Any,
-        scaler_kwargs: Any,
+        autocast_kwargs: AutocastKwargs | None,
+        scaler_kwargs: GradScalerKwargs | None,
         *,
-        fp8_recipe: Any = None,
+        fp8_recipe: FP8Recipe | None = None,
     ) -> Precision:
         # DeepSpeed casts the model and scales fp16 losses itself: no autocast, no GradScaler.
         return select_precision(mixed_precision, device, engine_managed=True)
@@ -295,7 +302,11 @@ class DeepSpeedStrategy(Strategy):
 
     @override
     def wrap_optimizer(
-        self, optimizer: Any, *, device_placement: bool, scaler: torch.amp.GradScaler | None
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        device_placement: bool,
+        scaler: torch.amp.GradScaler | None,
     ) -> AcceleratedOptimizer:
         return DeepSpeedOptimizerWrapper(optimizer)
 
@@ -304,6 +315,13 @@ class DeepSpeedStrategy(Strategy):
         self, scheduler: Any, optimizers: Any, *, step_with_optimizer: bool, split_batches: bool
     ) -> AcceleratedScheduler:
         return DeepSpeedSchedulerWrapper(scheduler, optimizers)
+
+    @property
+    @override
+    def engine_wrapper(self) -> DeepSpeedEngineWrapper | None:
+        """The wrapper of the engine `backward` drives (the last one prepared with an
+        optimizer), or None."""
+        return self._trainer
 
     @property
     def training_engine(self) -> Any:

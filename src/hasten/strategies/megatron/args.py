@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from hasten.config.megatron import MegatronLMPlugin
 
 __all__ = [
     "bert_model_kwargs",
@@ -43,7 +46,7 @@ _FP8_FIELDS = (
 )
 
 
-def parallel_sizes(plugin: Any, world_size: int) -> dict[str, int]:
+def parallel_sizes(plugin: MegatronLMPlugin, world_size: int) -> dict[str, int]:
     """Tensor, pipeline, context, expert and data-parallel sizes for ``world_size`` processes.
 
     Raises:
@@ -77,7 +80,9 @@ def padded_vocab_size(orig_vocab_size: int, tp: int, divisible_by: int = 128) ->
     return int(math.ceil(orig_vocab_size / multiple) * multiple)
 
 
-def megatron_args(plugin: Any, world_size: int, mixed_precision: str) -> SimpleNamespace:
+def megatron_args(
+    plugin: MegatronLMPlugin, world_size: int, mixed_precision: str
+) -> SimpleNamespace:
     """The run's Megatron arguments as a namespace (what ``get_args()`` returns in Megatron).
 
     Raises:

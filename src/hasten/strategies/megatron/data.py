@@ -10,7 +10,7 @@ indexed datasets, built by megatron-core (`datasets.py`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -18,6 +18,10 @@ from torch.utils.data import DataLoader
 from hasten.data_loader import prepare_data_loader as shard_data_loader
 from hasten.data_loader.base import dataloader_kwargs
 from hasten.state import PartialState
+from hasten.strategies.megatron.run import megatron_plugin
+
+if TYPE_CHECKING:
+    from hasten.strategies.megatron.run import RunView
 
 __all__ = [
     "MegatronLMDummyDataLoader",
@@ -110,11 +114,11 @@ class MegatronLMDummyDataLoader:
             if key in self._given and value is not None or getattr(args, key, None) is None:
                 setattr(args, key, value)
 
-    def get_train_valid_test_datasets_provider(self, accelerator: Any) -> Any:
+    def get_train_valid_test_datasets_provider(self, accelerator: RunView) -> Any:
         """Return ``provider(train_valid_test_num_samples) -> (train, valid, test)`` datasets:
         the plugin's ``custom_megatron_datasets_provider_function``, else megatron-core's
         builder over this dummy's arguments."""
-        plugin = accelerator.state.megatron_lm_plugin
+        plugin = megatron_plugin(accelerator)
         if plugin.custom_megatron_datasets_provider_function is not None:
             return plugin.custom_megatron_datasets_provider_function
 
@@ -127,7 +131,7 @@ class MegatronLMDummyDataLoader:
         return provider
 
     def build_pretraining_data_loader(
-        self, dataset: Any, consumed_samples: int, accelerator: Any = None
+        self, dataset: Any, consumed_samples: int, accelerator: RunView | None = None
     ) -> Any:
         """A loader over ``dataset`` in Megatron's order for this data-parallel rank, after
         ``consumed_samples`` (one global step's samples of this rank per batch)."""
@@ -146,7 +150,7 @@ class MegatronLMDummyDataLoader:
             rng_types=list(accelerator.rng_types) if accelerator is not None else [],
         )
 
-    def build_train_valid_test_data_iterators(self, accelerator: Any) -> tuple[Any, Any, Any]:
+    def build_train_valid_test_data_iterators(self, accelerator: RunView) -> tuple[Any, Any, Any]:
         """Build the train, valid and test loaders over Megatron's datasets (None: empty split).
 
         Each yields one global step's samples of this data-parallel rank per batch.
@@ -191,7 +195,7 @@ def dataset_loader(
     )
 
 
-def megatron_data_loaders(accelerator: Any, dummy: MegatronLMDummyDataLoader) -> tuple:
+def megatron_data_loaders(accelerator: RunView, dummy: MegatronLMDummyDataLoader) -> tuple:
     """The (train, valid, test) loaders of ``dummy``'s datasets (None for an empty split)."""
     from hasten.strategies.megatron import datasets
     from hasten.strategies.megatron.engine import get_args
@@ -217,7 +221,7 @@ def rebatch_for_megatron(dataloader: DataLoader[Any], batch_size: int) -> DataLo
     )
 
 
-def prepare_data_loader(accelerator: Any, dataloader: Any) -> Any:
+def prepare_data_loader(accelerator: RunView, dataloader: Any) -> Any:
     """Shard ``dataloader`` over Megatron's data-parallel groups (one global step per batch);
     a `MegatronLMDummyDataLoader` gives its (train, valid, test) loaders."""
     if isinstance(dataloader, MegatronLMDummyDataLoader):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,7 +26,11 @@ from hasten.strategies.megatron.args import (
     optimizer_config_kwargs,
     scheduler_kwargs,
 )
+from hasten.strategies.megatron.run import megatron_plugin
 from hasten.strategies.megatron.train_step import BertTrainStep, GPTTrainStep, T5TrainStep
+
+if TYPE_CHECKING:
+    from hasten.strategies.megatron.run import RunView
 
 __all__ = [
     "MegatronEngine",
@@ -185,7 +189,7 @@ def _extra_args(args: SimpleNamespace, extra_args_provider: Any) -> None:
 
 
 def initialize(
-    accelerator: Any, extra_args_provider: Any = None, args_defaults: Any = None
+    accelerator: RunView, extra_args_provider: Any = None, args_defaults: Any = None
 ) -> SimpleNamespace:
     """Build Megatron's arguments from the plugin and set up the model-parallel groups.
 
@@ -201,7 +205,7 @@ def initialize(
             "and this machine has none. Remove the MegatronLMPlugin (and ACCELERATE_USE_MEGATRON_LM) "
             "to train with DDP or FSDP."
         )
-    plugin = accelerator.state.megatron_lm_plugin
+    plugin = megatron_plugin(accelerator)
     args = megatron_args(plugin, accelerator.num_processes, accelerator.mixed_precision)
     for key, value in (args_defaults or {}).items():
         if getattr(args, key, None) is None:
@@ -304,7 +308,7 @@ def _wrap_chunks(chunks: list[nn.Module], args: SimpleNamespace) -> list[nn.Modu
     return wrapped
 
 
-def prepare_optimizer(accelerator: Any, model: list[nn.Module]) -> Any:
+def prepare_optimizer(accelerator: RunView, model: list[nn.Module]) -> Any:
     """megatron-core's optimizer for ``model`` (mixed-precision master weights under fp16/bf16)."""
     _mcore()
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # optional
@@ -313,7 +317,7 @@ def prepare_optimizer(accelerator: Any, model: list[nn.Module]) -> Any:
     return get_megatron_optimizer(config, model)
 
 
-def prepare_scheduler(accelerator: Any, optimizer: Any, scheduler: Any) -> Any:
+def prepare_scheduler(accelerator: RunView, optimizer: Any, scheduler: Any) -> Any:
     """megatron-core's `OptimizerParamScheduler` (steps counted in samples)."""
     _mcore()
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # optional
@@ -321,12 +325,12 @@ def prepare_scheduler(accelerator: Any, optimizer: Any, scheduler: Any) -> Any:
     return OptimizerParamScheduler(optimizer, **scheduler_kwargs(get_args()))
 
 
-def prepare_model_optimizer_scheduler(accelerator: Any) -> tuple[list[nn.Module], Any, Any]:
+def prepare_model_optimizer_scheduler(accelerator: RunView) -> tuple[list[nn.Module], Any, Any]:
     """Build the model chunks, the optimizer and the scheduler of this run."""
     from megatron.core.distributed import finalize_model_grads  # optional: megatron-core
     from megatron.core.utils import get_model_config
 
-    plugin = accelerator.state.megatron_lm_plugin
+    plugin = megatron_plugin(accelerator)
     args = get_args()
     if plugin.custom_prepare_model_function is not None:
         chunks = plugin.custom_prepare_model_function()
@@ -344,8 +348,8 @@ def prepare_model_optimizer_scheduler(accelerator: Any) -> tuple[list[nn.Module]
     return chunks, optimizer, scheduler
 
 
-def _train_step_handler(accelerator: Any, args: SimpleNamespace) -> Any:
-    plugin = accelerator.state.megatron_lm_plugin
+def _train_step_handler(accelerator: RunView, args: SimpleNamespace) -> Any:
+    plugin = megatron_plugin(accelerator)
     if plugin.custom_train_step_class is not None:
         return plugin.custom_train_step_class(args, **(plugin.custom_train_step_kwargs or {}))
     steps = {"gpt": GPTTrainStep, "bert": BertTrainStep, "t5": T5TrainStep}
@@ -362,13 +366,13 @@ class MegatronEngine(nn.Module):
     or evaluates (in eval mode) through megatron-core's pipeline schedule; returns the loss.
 
     Args:
-        accelerator: the Accelerator.
+        accelerator: the Accelerator (or the strategy's `MegatronRun`).
         model: the model chunks (one per virtual pipeline stage).
         optimizer: megatron-core's optimizer.
         scheduler: megatron-core's `OptimizerParamScheduler`.
     """
 
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any) -> None:
+    def __init__(self, accelerator: RunView, model: Any, optimizer: Any, scheduler: Any) -> None:
         super().__init__()
         self.module = nn.ModuleList(model if isinstance(model, list) else [model])
         self.base_model = self.module[0]

@@ -8,9 +8,8 @@ CUDA and megatron-core when something is prepared.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,15 +21,19 @@ from hasten.core.imports import is_transformer_engine_available, require
 from hasten.platforms.checks import is_cuda_available
 from hasten.precision import Precision
 from hasten.precision.fp8 import FP8_INSTALL, check_fp8_hardware, fp8_backend_from_env
-from hasten.state import AcceleratorState
 from hasten.strategies.base import BackwardFn, Strategy
 from hasten.strategies.call import PrepareCall, Prepared
 from hasten.strategies.megatron.args import fp8_args, parallel_sizes
 from hasten.strategies.megatron.data import MegatronLMDummyDataLoader, MegatronLMDummyScheduler
+from hasten.strategies.megatron.run import MegatronRun, RunView
+
+if TYPE_CHECKING:
+    from hasten.config.enums import PrecisionType
+    from hasten.config.kwargs import AutocastKwargs, FP8Recipe, GradScalerKwargs
+    from hasten.config.megatron import MegatronLMPlugin
 
 __all__ = [
     "MegatronFp8Precision",
-    "MegatronRun",
     "MegatronStrategy",
     "megatron_fp8_recipe",
     "micro_batch_size_of",
@@ -82,7 +85,7 @@ def _no_backward(loss: torch.Tensor, **kwargs: Any) -> None:
     """The engine ran backward inside the model's forward; nothing is left to do."""
 
 
-def micro_batch_size_of(plugin: Any, objects: list[Any]) -> int:
+def micro_batch_size_of(plugin: MegatronLMPlugin, objects: list[Any]) -> int:
     """The micro-batch size: a dummy loader's, else the prepared loaders' (the smallest with
     ``is_train_batch_min``).
 
@@ -121,7 +124,7 @@ class MegatronStrategy(Strategy):
     name = "megatron_lm"
     syncs_gradients = True
 
-    def __init__(self, plugin: Any, world_size: int) -> None:
+    def __init__(self, plugin: MegatronLMPlugin, world_size: int) -> None:
         self.plugin = plugin
         self.world_size = world_size
         self.sizes = parallel_sizes(plugin, world_size)
@@ -145,12 +148,12 @@ class MegatronStrategy(Strategy):
     @override
     def select_precision(
         self,
-        mixed_precision: Any,
+        mixed_precision: PrecisionType | str | None,
         device: torch.device,
-        autocast_kwargs: Any,
-        scaler_kwargs: Any,
+        autocast_kwargs: AutocastKwargs | None,
+        scaler_kwargs: GradScalerKwargs | None,
         *,
-        fp8_recipe: Any = None,
+        fp8_recipe: FP8Recipe | None = None,
     ) -> Precision:
         """Megatron runs fp16/bf16 itself (Float16Module, mixed-precision optimizer); fp8 through
         Transformer Engine layers, configured from the TE recipe (checked here, at Accelerator()).
@@ -215,7 +218,7 @@ class MegatronStrategy(Strategy):
         return f"MegatronStrategy({self.sizes})"
 
 
-def _configure_plugin(plugin: Any, sizes: dict[str, int], objects: list[Any]) -> None:
+def _configure_plugin(plugin: MegatronLMPlugin, sizes: dict[str, int], objects: list[Any]) -> None:
     """Fill the plugin's Megatron arguments from the loaders, model, optimizer and scheduler."""
     plugin.set_training_args(micro_batch_size_of(plugin, objects), sizes["data_parallel_size"])
     dummies = [obj for obj in objects if isinstance(obj, MegatronLMDummyDataLoader)]
@@ -246,53 +249,9 @@ def _configure_plugin(plugin: Any, sizes: dict[str, int], objects: list[Any]) ->
             plugin.set_scheduler_args(obj)
 
 
-@dataclasses.dataclass(frozen=True)
-class MegatronRun:
-    """What Megatron-LM's helpers read of the run (``initialize``, ``MegatronEngine``,
-    ``prepare_data_loader``, ...): Accelerate hands them the Accelerator; the strategy hands
-    them this view of its `PrepareCall` and the shared state, with the same attribute names.
-    """
-
-    device: torch.device
-    rng_types: list[str]
-    split_batches: bool
-    dispatch_batches: bool | None
-
-    @classmethod
-    def of(cls, call: PrepareCall) -> MegatronRun:
-        """The run as ``call`` describes it."""
-        data = call.data
-        return cls(
-            device=call.device,
-            rng_types=list(call.rng_types),
-            split_batches=bool(data.split_batches) if data is not None else False,
-            dispatch_batches=data.dispatch_batches if data is not None else None,
-        )
-
-    @property
-    def state(self) -> AcceleratorState:
-        """The shared `AcceleratorState` (its ``megatron_lm_plugin``)."""
-        return AcceleratorState()
-
-    @property
-    def num_processes(self) -> int:
-        """Processes in the run."""
-        return int(self.state.num_processes)
-
-    @property
-    def process_index(self) -> int:
-        """This process's index."""
-        return int(self.state.process_index)
-
-    @property
-    def mixed_precision(self) -> str:
-        """The run's mixed precision ("no", "fp16", "bf16" or "fp8")."""
-        return str(self.state.mixed_precision)
-
-
 def prepare_call(
-    run: Any,
-    plugin: Any,
+    run: RunView,
+    plugin: MegatronLMPlugin,
     sizes: dict[str, int],
     objects: list[Any],
     earlier_models: Sequence[nn.Module] = (),

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from hasten.strategies.megatron.run import RunView
 
 __all__ = [
     "AbstractTrainStep",
@@ -73,7 +76,9 @@ class AbstractTrainStep:
         self.name = name
         self.model_output_class: Any = None
 
-    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+    def get_batch_func(
+        self, accelerator: RunView, megatron_dataset_flag: bool
+    ) -> Callable[..., Any]:
         """Return ``get_batch(data_iterator)`` -> the model's inputs."""
         raise NotImplementedError(f"{self.name} does not define get_batch_func")
 
@@ -81,7 +86,7 @@ class AbstractTrainStep:
         """Return ``forward_step(data_iterator, model)`` -> (output, loss function)."""
         raise NotImplementedError(f"{self.name} does not define get_forward_step_func")
 
-    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+    def get_loss_func(self, accelerator: RunView) -> Callable[..., Any]:
         """Return ``loss_func(..., output_tensor)`` -> (loss, {name: averaged loss})."""
         raise NotImplementedError(f"{self.name} does not define get_loss_func")
 
@@ -90,11 +95,11 @@ class GPTTrainStep(AbstractTrainStep):
     """Causal language modelling: labels are the inputs shifted by one token.
 
     Args:
-        accelerator: the Accelerator.
+        accelerator: the Accelerator (or the strategy's `MegatronRun`).
         args: Megatron's argument namespace (`hasten.strategies.megatron.args.megatron_args`).
     """
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: RunView, args: Any) -> None:
         super().__init__("GPTTrainStep")
         self.eod_token = getattr(args, "eod_token_id", None)
         self.eod_mask_loss = bool(getattr(args, "eod_mask_loss", False))
@@ -106,7 +111,9 @@ class GPTTrainStep(AbstractTrainStep):
         self.forward_step = self.get_forward_step_func()
         self.model_output_class = _output_class(args)
 
-    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+    def get_batch_func(
+        self, accelerator: RunView, megatron_dataset_flag: bool
+    ) -> Callable[..., Any]:
         """Return the batch function for Megatron samples (``text``) or HF batches."""
         key = "text" if megatron_dataset_flag else "input_ids"
 
@@ -126,7 +133,7 @@ class GPTTrainStep(AbstractTrainStep):
 
         return get_batch
 
-    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+    def get_loss_func(self, accelerator: RunView) -> Callable[..., Any]:
         """Return the masked-mean LM loss (with logits when ``return_logits``)."""
 
         def loss_func(loss_mask: torch.Tensor, output_tensor: Any) -> tuple[torch.Tensor, dict]:
@@ -163,13 +170,13 @@ class BertTrainStep(AbstractTrainStep):
     """Masked language modelling (+ sentence order) or sequence classification with BERT.
 
     Args:
-        accelerator: the Accelerator.
+        accelerator: the Accelerator (or the strategy's `MegatronRun`).
         args: Megatron's argument namespace.
     """
 
     _KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: RunView, args: Any) -> None:
         super().__init__("BertTrainStep")
         self.pretraining = bool(getattr(args, "pretraining_flag", True))
         self.num_labels = int(getattr(args, "num_labels", 2) or 2)
@@ -179,7 +186,9 @@ class BertTrainStep(AbstractTrainStep):
         self.loss_func = self.get_loss_func(accelerator)
         self.forward_step = self.get_forward_step_func()
 
-    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+    def get_batch_func(
+        self, accelerator: RunView, megatron_dataset_flag: bool
+    ) -> Callable[..., Any]:
         """Return the batch function: tokens, types, labels, loss mask, padding mask, SOP labels."""
 
         def get_batch(data_iterator: Iterator[Any]) -> tuple[Any, ...]:
@@ -198,7 +207,7 @@ class BertTrainStep(AbstractTrainStep):
 
         return get_batch
 
-    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+    def get_loss_func(self, accelerator: RunView) -> Callable[..., Any]:
         """Return the MLM (+ SOP) loss, or the classification loss when not pretraining."""
 
         def pretraining_loss(loss_mask: Any, sentence_order: Any, output_tensor: Any) -> tuple:
@@ -246,11 +255,11 @@ class T5TrainStep(AbstractTrainStep):
     """Sequence-to-sequence training with T5: encoder inputs, shifted decoder inputs, labels.
 
     Args:
-        accelerator: the Accelerator.
+        accelerator: the Accelerator (or the strategy's `MegatronRun`).
         args: Megatron's argument namespace.
     """
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: RunView, args: Any) -> None:
         super().__init__("T5TrainStep")
         self.decoder_start = int(getattr(args, "decoder_start_token_id", 0) or 0)
         self.get_batch = self.get_batch_func(
@@ -281,7 +290,9 @@ class T5TrainStep(AbstractTrainStep):
         visible = attention_mask.unsqueeze(1).expand(batch, dec_seq_length, enc).to(device)
         return (visible < 0.5).unsqueeze(1)
 
-    def get_batch_func(self, accelerator: Any, megatron_dataset_flag: bool) -> Callable[..., Any]:
+    def get_batch_func(
+        self, accelerator: RunView, megatron_dataset_flag: bool
+    ) -> Callable[..., Any]:
         """Return the batch function for HF seq2seq batches (``input_ids``, ``labels``, and
         ``decoder_input_ids`` if given; else the labels shifted right after the start token)."""
 
@@ -306,7 +317,7 @@ class T5TrainStep(AbstractTrainStep):
 
         return get_batch
 
-    def get_loss_func(self, accelerator: Any) -> Callable[..., Any]:
+    def get_loss_func(self, accelerator: RunView) -> Callable[..., Any]:
         """Return the masked-mean LM loss of the decoder."""
 
         def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple:
