@@ -120,8 +120,9 @@ class TorchContextParallelConfig:
             self.cp_comm_strategy = envvars.read("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
         if self.cp_comm_strategy not in _CP_STRATEGIES:
             raise ValueError(
-                f"TorchContextParallelConfig(cp_comm_strategy={self.cp_comm_strategy!r}) must be "
-                f"one of {list(_CP_STRATEGIES)}"
+                f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Must be one of 'allgather' or "
+                f"'alltoall'. (hasten: set TorchContextParallelConfig(cp_comm_strategy=...) or "
+                "PARALLELISM_CONFIG_CP_COMM_STRATEGY to one of them.)"
             )
 
 
@@ -156,9 +157,11 @@ class DeepSpeedSequenceParallelConfig:
         hub_kernel = name is not None and "/" in name and "flash-attn" in name
         if name is not None and name not in _SP_ATTENTION and not hub_kernel:
             raise ValueError(
-                f"DeepSpeedSequenceParallelConfig(sp_attn_implementation={name!r}) is not "
-                f"supported; use one of {list(_SP_ATTENTION)} or a hub flash-attention kernel "
-                "such as 'kernels-community/flash-attn2'"
+                f"Invalid sp_attn_implementation: {name}. Must be one of {list(_SP_ATTENTION)} or a "
+                "hub-hosted flash attention kernel (e.g. 'kernels-community/flash-attn2'). "
+                "(hasten: 'eager' and 'flex_attention' cannot run under sequence parallelism; set "
+                "DeepSpeedSequenceParallelConfig(sp_attn_implementation=...) or "
+                "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION.)"
             )
 
 
@@ -342,7 +345,7 @@ class ParallelismConfig:
             ("dp_cp", self.dp_cp_dim_names),
         ):
             if dims:
-                mesh[tuple(dims)]._flatten(flat)
+                mesh[dims]._flatten(flat)  # type: ignore[index]  # a list, as Accelerate passes
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> DeviceMesh | None:

@@ -99,7 +99,8 @@ def test_errors(options: dict, error: type, match: str) -> None:
 
 def test_context_parallel_strategy_is_validated() -> None:
     with pytest.raises(
-        ValueError, match=r"cp_comm_strategy='ring'\) must be one of \['allgather', 'alltoall'\]"
+        ValueError,
+        match=r"^Invalid cp_comm_strategy: ring\. Must be one of 'allgather' or 'alltoall'\. \(hasten",
     ):
         TorchContextParallelConfig(cp_comm_strategy="ring")
 
@@ -111,7 +112,10 @@ def test_sequence_parallel_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH", "512")
     assert DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False).sp_seq_length == 512
     assert DeepSpeedSequenceParallelConfig(sp_attn_implementation="kernels-community/flash-attn2")
-    with pytest.raises(ValueError, match=r"sp_attn_implementation='eager'\) is not supported"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Invalid sp_attn_implementation: eager\. .* 'eager' and 'flex_attention' cannot",
+    ):
         DeepSpeedSequenceParallelConfig(sp_attn_implementation="eager")
     config = ParallelismConfig(sp_size=2)
     assert isinstance(config.sp_handler, DeepSpeedSequenceParallelConfig)
@@ -166,6 +170,31 @@ def test_build_device_mesh_with_flattened_views(fake_group: None) -> None:
     assert config.get_device_mesh() is mesh
     with pytest.raises(ValueError, match="already built on 'cpu'"):
         config.get_device_mesh("cuda")
+
+
+@pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
+def test_flattened_view_of_the_whole_mesh(fake_group: None) -> None:
+    # dims given as a list (as Accelerate slices): the whole-mesh case is a slice, not `self`
+    mesh = ParallelismConfig(dp_shard_size=8).get_device_mesh("cpu")
+    assert mesh is not None and mesh["dp"].size() == 8 and mesh["dp_shard_cp"].size() == 8
+
+
+def test_flattened_views_are_sliced_by_lists_of_dim_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed.device_mesh as device_mesh
+
+    sliced: list[tuple[object, str]] = []
+
+    class Mesh:
+        def __getitem__(self, key: object) -> object:
+            return type("Sub", (), {"_flatten": lambda _, name: sliced.append((key, name))})()
+
+    monkeypatch.setattr(device_mesh, "init_device_mesh", lambda *a, **k: Mesh())
+    ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2).build_device_mesh("cpu")
+    assert sliced == [
+        (["dp_replicate", "dp_shard"], "dp"),
+        (["dp_shard", "cp"], "dp_shard_cp"),
+        (["dp_replicate", "dp_shard", "cp"], "dp_cp"),
+    ]
 
 
 def test_get_device_mesh_needs_a_device_type() -> None:
