@@ -340,10 +340,12 @@ def validate_device(device: Any, where: str) -> int | str | torch.device:
 def check_device_map(model: nn.Module, device_map: dict[str, int | str | torch.device]) -> None:
     """Check that ``device_map`` names real modules, valid devices, and covers every tensor once.
 
+    A name that is no module or tensor of the model is warned about (as Accelerate) and ignored.
+
     Raises:
         TypeError: if the map is not a dict.
-        ValueError: for an unknown name, an unknown device, a name listed inside another listed
-            name, or model tensors the map does not place (all named).
+        ValueError: for an unknown device, a name listed inside another listed name, or model
+            tensors the map does not place (all named).
     """
     if not isinstance(device_map, Mapping):
         raise TypeError(f"device_map must be a dict of name -> device, got {device_map!r}")
@@ -369,9 +371,13 @@ def check_device_map(model: nn.Module, device_map: dict[str, int | str | torch.d
     known = set(modules) | set(tensors)
     unknown = [k for k in device_map if k not in known]
     if unknown:
-        raise ValueError(
-            f"device_map names {unknown!r}, which are not modules or tensors of "
-            f"{type(model).__name__}; fix the names (see model.named_modules())."
+        # A warning, as Accelerate's: transformers passes maps with names the model may lack.
+        warnings.warn(
+            f"The following device_map keys do not match any submodules in the model: {unknown}. "
+            f"(hasten: they are not modules or tensors of {type(model).__name__} and place "
+            "nothing; fix the names, see model.named_modules().)",
+            UserWarning,
+            stacklevel=2,
         )
     missing = [t for t in tensors if device_for(t, device_map) is None]
     if missing:

@@ -264,7 +264,7 @@ class AlignDevicesHook(ModelHook):
                 set_module_tensor_to_device(owner, local, _META, clear_cache=False)
         if self._device is not None:
             buffers = (
-                get_non_persistent_buffers(module, recurse=recurse)
+                get_non_persistent_buffers(module, recurse=recurse, fqns=True)
                 if self.offload_buffers
                 else {name for name, _ in module.named_buffers(recurse=recurse)}
             )

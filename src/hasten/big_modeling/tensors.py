@@ -216,9 +216,10 @@ def _new_value(
     if not isinstance(value, torch.Tensor):
         value = torch.as_tensor(value)
     if old.shape != value.shape and type(old).__name__ != "Params4bit":
+        # Accelerate's sentence, exactly: its test_set_module_tensor_checks_shape compares it whole.
         raise ValueError(
-            f"{tensor_name!r} has shape {tuple(old.shape)} in the model but the value given has "
-            f"shape {tuple(value.shape)}: the checkpoint does not match this model's config."
+            f'Trying to set a tensor of shape {value.shape} in "{tensor_name.rsplit(".", 1)[-1]}" '
+            f"(which has shape {old.shape}), this looks incorrect."
         )
     if dtype is None:
         # as torch's load_state_dict does: a value takes the dtype the model declares
@@ -246,7 +247,9 @@ def named_module_tensors(
     yield from module.named_parameters(recurse=recurse)
     if include_buffers:
         skip = (
-            get_non_persistent_buffers(module, recurse=recurse) if remove_non_persistent else set()
+            get_non_persistent_buffers(module, recurse=recurse, fqns=True)
+            if remove_non_persistent
+            else set()
         )
         for name, buffer in module.named_buffers(recurse=recurse):
             if name not in skip:
@@ -256,17 +259,18 @@ def named_module_tensors(
 def get_non_persistent_buffers(
     module: nn.Module, recurse: bool = False, fqns: bool = False
 ) -> set[str]:
-    """Return the names of buffers registered with ``persistent=False``.
+    """Return the names of buffers registered with ``persistent=False`` (a new set).
 
     Args:
-        recurse: look into submodules too (names are dotted).
-        fqns: with ``recurse=False``, still return the names prefixed as in ``recurse=True``.
+        recurse: look into submodules too.
+        fqns: give submodules' buffers their dotted names (``"sub.buf"``); without it the
+            names are the buffers' own, as Accelerate returns them.
     """
     found: set[str] = set()
     modules = module.named_modules() if recurse else [("", module)]
     for prefix, sub in modules:
         for name in sub._non_persistent_buffers_set:
-            found.add(f"{prefix}.{name}" if prefix and (recurse or fqns) else name)
+            found.add(f"{prefix}.{name}" if prefix and fqns else name)
     return found
 
 

@@ -382,8 +382,12 @@ def test_check_device_map_errors() -> None:
         check_device_map(model, {"h": "cpu", "h.0": 0, "wte": 0})
     with pytest.raises(ValueError, match="whole model"):
         check_device_map(model, {"": "cpu", "h": 0})
-    with pytest.raises(ValueError, match=r"names \['h.9'\]"):
-        check_device_map(model, {"h.9": 0, "wte": 0})
+    with pytest.warns(UserWarning, match=r"^The following device_map keys do not match any "):
+        with pytest.raises(ValueError, match="no device for these tensors"):
+            check_device_map(model, {"h.9": 0, "wte": 0})
+    everything = {"wte": 0, "h": 0, "ln_f": 0, "lm_head": 0, "scale": 0}  # covers all
+    with pytest.warns(UserWarning, match=r"submodules in the model: \['ghost', 'phantom'\]"):
+        check_device_map(model, {**everything, "ghost": 1, "phantom": 1})  # then ignored
     with pytest.raises(ValueError, match="'gpu7' is not a device"):
         check_device_map(model, {"": "gpu7"})
     with pytest.raises(TypeError, match="dict"):
