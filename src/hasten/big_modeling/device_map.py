@@ -166,18 +166,18 @@ def infer_auto_device_map(
         fallback_allocation=fallback_allocation,
     )
     plan = planner.run()
-    _check_room_to_run(planner, plan, budget)
+    _warn_no_room_to_run(planner, plan, budget)
     _report(plan, budget)
     if clean_result:
         return _clean(planner, plan)
     return {planner.name(item): device for item, device in plan.entries}
 
 
-def _check_room_to_run(planner: Planner, plan: Plan, budget: Mapping[DeviceKey, int]) -> None:
-    """Offloaded layers run on the main device: it must hold at least the largest layer.
+def _warn_no_room_to_run(planner: Planner, plan: Plan, budget: Mapping[DeviceKey, int]) -> None:
+    """Offloaded layers run on the main device: warn when its budget is below the largest layer.
 
-    Raises:
-        ValueError: naming the layer and the bytes the main device needs.
+    A warning, not an error, as in Accelerate: ``max_memory`` caps what is stored there, and the
+    device itself may still have room for one layer at a time.
     """
     accelerators = [d for d in planner.devices if d not in ("cpu", "disk")]
     main = accelerators[0] if accelerators else "cpu"
@@ -189,11 +189,11 @@ def _check_room_to_run(planner: Planner, plan: Plan, budget: Mapping[DeviceKey, 
     if largest is None or budget.get(main, 0) >= tree.size[largest]:
         return
     need = tree.size[largest]
-    raise ValueError(
+    logger.warning(
         f"max_memory gives {main!r} {budget.get(main, 0)} bytes, which cannot hold even the "
         f"largest layer ({tree.name_of(largest)!r}, {need} bytes); offloaded layers are "
-        f"brought there to run. Give {main!r} at least {need} bytes "
-        f"(max_memory[{main!r}] >= {_readable(need)!r})."
+        f"brought there to run, so running this map may run out of memory. Give {main!r} at "
+        f"least {need} bytes (max_memory[{main!r}] >= {_readable(need)!r})."
     )
 
 
@@ -218,7 +218,12 @@ def _report(plan: Plan, budget: Mapping[DeviceKey, int]) -> None:
             )
     if plan.too_small:
         lines = ", ".join(f"{d}: at least {m} bytes" for d, m in plan.too_small.items())
-        logger.info("no module could be placed on these devices (too little memory): %s", lines)
+        logger.info(
+            "Based on the current allocation process, no modules could be assigned to the "
+            "following devices due to insufficient memory: %s. (hasten: give them that much in "
+            "max_memory, or pass fallback_allocation=True to place a smaller module there.)",
+            lines,
+        )
 
 
 def _clean(planner: Planner, plan: Plan) -> dict[str, int | str]:

@@ -207,19 +207,21 @@ class Loader:
         device = self.device(name)
         cast = self.target_dtype(name, stored)
         self.loaded.add(name)
-        if device == "disk":
-            if self.offload_folder is None:
+        staged = device == "cpu" and self.state_dict_folder is not None
+        if device == "disk" or staged:
+            folder, index = (
+                (self.state_dict_folder, self.state_dict_index)
+                if staged
+                else (self.offload_folder, self.offload_index)
+            )
+            if folder is None:
                 raise ValueError(f"{name!r} is mapped to disk but no offload_folder was given")
             value = read(name)
             final = cast or self.expected[name].dtype if value.is_floating_point() else value.dtype
-            offload_weight(value.to(final), name, self.offload_folder, index=self.offload_index)
-            return
-        if device == "cpu" and self.state_dict_folder is not None:
-            value = read(name)
-            final = cast or self.expected[name].dtype if value.is_floating_point() else value.dtype
-            offload_weight(
-                value.to(final), name, self.state_dict_folder, index=self.state_dict_index
-            )
+            # the model declares the dtype it will hold (as Accelerate): loading the staged
+            # value back keeps it, e.g. float16 with dtype=torch.float16
+            set_module_tensor_to_device(self.model, name, _META, dtype=final, clear_cache=False)
+            offload_weight(value.to(final), name, folder, index=index)
             return
         set_module_tensor_to_device(
             self.model, name, device, value=read(name), dtype=cast, clear_cache=False
@@ -375,7 +377,7 @@ def load_checkpoint_in_model(
                 loader.load_safetensors(path)
             else:
                 loader.load_torch(path)
-    _finish(loader, tied, strict, offload_folder, staging)
+    _finish(loader, tied, strict, offload_folder, staging, checkpoint)
 
 
 def _finish(
@@ -384,6 +386,7 @@ def _finish(
     strict: bool,
     offload_folder: str | os.PathLike[str] | None,
     staging: str | None,
+    checkpoint: str | os.PathLike[str],
 ) -> None:
     missing = _missing(loader, tied)
     if strict and (missing or loader.unexpected):
@@ -400,7 +403,12 @@ def _finish(
         )
     if loader.unexpected:
         logger.warning(
-            "checkpoint keys not in the model were ignored: %s", sorted(loader.unexpected)
+            "Some weights of the model checkpoint at %s were not used when initializing %s: %s. "
+            "(hasten: these keys are not in the model and were ignored; pass strict=True to "
+            "refuse such a checkpoint.)",
+            checkpoint,
+            type(loader.model).__name__,
+            sorted(loader.unexpected),
         )
     if offload_folder is not None:
         save_offload_index(loader.offload_index, offload_folder)

@@ -138,6 +138,40 @@ def test_disk_entries_of_bin_checkpoints_are_written_and_cpu_staging(tmp_path: P
     assert torch.equal(model.wte.weight, source.wte.weight)
 
 
+def test_staged_and_disk_weights_keep_the_requested_dtype(tmp_path: Path) -> None:
+    # As Accelerate's test_load_checkpoint_in_model_dtype: float16 asked, float16 held.
+    source = TinyLM()
+    torch.save(source.state_dict(), tmp_path / "w.bin")  # both tied names, as saved by torch
+    model = TinyLM()
+    load_checkpoint_in_model(
+        model,
+        tmp_path / "w.bin",
+        dtype=torch.float16,
+        offload_state_dict=True,
+        device_map={"": "cpu"},
+    )
+    assert model.wte.weight.dtype == torch.float16 and model.wte.weight.device.type == "cpu"
+    assert torch.equal(model.wte.weight, source.wte.weight.half())
+    disk = TinyLM()
+    load_checkpoint_in_model(
+        disk,
+        tmp_path / "w.bin",
+        dtype=torch.float16,
+        device_map={"": "disk"},
+        offload_folder=tmp_path / "o",
+    )
+    assert disk.wte.weight.device.type == "meta" and disk.wte.weight.dtype == torch.float16
+
+
+def test_unexpected_keys_are_logged_with_accelerates_sentence(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    save_file(dict(_state(TinyLM())) | {"bonus.weight": torch.ones(1)}, tmp_path / "x.safetensors")
+    load_checkpoint_in_model(_empty(), tmp_path / "x.safetensors")
+    assert "Some weights of the model checkpoint at" in caplog.text
+    assert "were not used when initializing TinyLM: ['bonus.weight']" in caplog.text
+
+
 def test_bad_checkpoints_and_maps_raise_clear_errors(tmp_path: Path) -> None:
     source = TinyLM()
     state = _state(source)
