@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, cast
 
 import torch
 
+from hasten.checkpointing.tensors import clean_state_dict_for_safetensors
 from hasten.state import PartialState
 
 __all__ = [
@@ -316,7 +317,10 @@ def save(
     if safe_serialization:
         from safetensors.torch import save as save_bytes
 
-        payload = save_bytes(_tensor_dict(obj), metadata={"format": "pt"})
+        # tied weights are stored once (a copy of the dict is cleaned, with a warning naming
+        # the dropped names), as Accelerate's save does
+        tensors = clean_state_dict_for_safetensors(_tensor_dict(obj))
+        payload = save_bytes(tensors, metadata={"format": "pt"})
         with atomic_write(f) as handle:
             handle.write(payload)
         return

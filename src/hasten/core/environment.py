@@ -44,7 +44,9 @@ T = TypeVar("T")
 
 _FORBIDDEN_IN_ENV_LINES = (";", "\n", "<", ">", " ")
 
-logger = logging.getLogger(__name__)
+# Named after Accelerate's module for these messages (accelerate.utils.environment), which its
+# tests and users' logging filters name; hasten.utils.environment is that path here.
+logger = logging.getLogger("hasten.utils.environment")
 
 
 @overload
@@ -166,7 +168,13 @@ def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
         if key and value and not any(char in text for char in _FORBIDDEN_IN_ENV_LINES):
             lines.append(f"{key}={value}\n")
         else:
-            logger.warning("Skipping %s=%r: empty, or contains ; < > space or newline", key, value)
+            logger.warning(
+                "WARNING: Skipping %s=%s as it contains forbidden characters or missing values. "
+                "(hasten: an env-file line needs a non-empty key and value without ; < > space "
+                "or newline.)",
+                key,
+                value,
+            )
     return lines
 
 

@@ -146,10 +146,10 @@ def _apply(
     if error_on_other_type:
         name = getattr(func, "__name__", repr(func))
         test = getattr(test_type, "__name__", repr(test_type))
+        # Accelerate's sentence, whole: its test_honor_type compares the message with ==.
         raise TypeError(
-            f"Unsupported type {type(obj).__name__!r} passed to `{name}`: only nested "
-            f"list/tuple/dict structures of objects accepted by `{test}` are allowed. "
-            "Convert it to a tensor or remove it from the structure."
+            f"Unsupported types ({type(obj)}) passed to `{name}`. Only nested list/tuple/dicts "
+            f"of objects that are valid for `{test}` should be passed."
         )
     return obj
 

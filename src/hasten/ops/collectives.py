@@ -297,10 +297,8 @@ def pad_across_processes(
         TypeError: a leaf is not a tensor (also on a single process, as in Accelerate).
     """
     comm = current_comm()
-    if comm.num_processes == 1:
-        # still reject non-tensors, so a script fails the same way on one process as on many
-        flatten(tensor, "pad_across_processes")
-        return tensor
+    # non-tensors are rejected and nested tensors warned about on one process too, so a script
+    # behaves the same on one process as on many (as in Accelerate)
     leaves, rebuild = flatten(tensor, "pad_across_processes")
     targets: list[int] = []
     for index, leaf in enumerate(leaves):
@@ -313,6 +311,8 @@ def pad_across_processes(
             )
         elif -leaf.dim() <= dim < leaf.dim():
             targets.append(index)
+    if comm.num_processes == 1:
+        return tensor
     if comm.debug:
         check_operation(comm, "pad_across_processes", tensor, masked_dim=dim)
     if not targets:

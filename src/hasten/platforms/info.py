@@ -113,10 +113,9 @@ def check_os_kernel() -> None:
         return
     version = match.group(0)
     if compare_versions(version, "<", _MIN_KERNEL):
+        # formatted here: Accelerate's test reads the versions from the record's msg
         logger.warning(
-            "Detected kernel version %s, which is below the recommended minimum of %s; this can "
-            "cause the process to hang. It is recommended to upgrade the kernel to the minimum "
-            "version or higher.",
-            version,
-            _MIN_KERNEL,
+            f"Detected kernel version {version}, which is below the recommended minimum of "
+            f"{_MIN_KERNEL}; this can cause the process to hang. It is recommended to upgrade "
+            "the kernel to the minimum version or higher."
         )

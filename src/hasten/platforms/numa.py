@@ -30,7 +30,9 @@ __all__ = [
     "set_numa_affinity",
 ]
 
-logger = logging.getLogger(__name__)
+# Named after Accelerate's module for these messages (accelerate.utils.environment), which its
+# tests and users' logging filters name; hasten.utils.environment is that path here.
+logger = logging.getLogger("hasten.utils.environment")
 
 SYSFS_ROOT = Path("/sys")
 
@@ -117,11 +119,11 @@ def _apply(local_process_index: int, verbose: bool | None) -> frozenset[int]:
     os.sched_setaffinity(0, cpus)
     if verbose:
         logger.info(
-            "Assigning %d cpu cores of NUMA node %d to process %d: %s",
+            "Assigning %d cpu cores to process %d: %s (NUMA node %d)",
             len(cpus),
-            node,
             local_process_index,
             sorted(cpus),
+            node,
         )
     return cpus
 

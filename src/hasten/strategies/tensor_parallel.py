@@ -68,6 +68,12 @@ def get_model_tp_size(model: nn.Module) -> int | None:
 
     model = extract_model_from_parallel(model)
     size = getattr(model, "_tp_size", None) or getattr(model, "tp_size", None)
+    if size is None:
+        # transformers >= 5 keeps it in the config's distributed_config (a dict after JSON)
+        config = getattr(getattr(model, "config", None), "distributed_config", None)
+        size = (
+            config.get("tp_size") if isinstance(config, dict) else getattr(config, "tp_size", None)
+        )
     if isinstance(size, int) and size > 1:
         return size
     for param in model.parameters():

@@ -48,6 +48,20 @@ def test_save_safetensors_round_trip(tmp_path: Path) -> None:
     assert torch.equal(loaded["a"], state["a"]) and loaded["b"].dtype == torch.bfloat16
 
 
+def test_save_safetensors_stores_tied_weights_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    layer = torch.nn.Linear(4, 4)
+    model = torch.nn.ModuleDict({"a": layer, "b": layer})  # one module under two names
+    state = model.state_dict()
+    with caplog.at_level("WARNING"):
+        save(state, tmp_path / "m.safetensors", safe_serialization=True)
+    assert len(caplog.records) == 1 and "Removed shared tensor" in caplog.records[0].getMessage()
+    assert set(state) == {"a.weight", "a.bias", "b.weight", "b.bias"}  # the caller's dict is kept
+    loaded = load(tmp_path / "m.safetensors")
+    assert set(loaded) == {"a.weight", "a.bias"} and torch.equal(loaded["a.weight"], layer.weight)
+
+
 def test_safe_serialization_rejects_non_tensor_dicts(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="flat dict of tensors"):
         save({"step": 3}, tmp_path / "x.safetensors", safe_serialization=True)

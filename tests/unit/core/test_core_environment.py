@@ -219,7 +219,9 @@ def test_convert_dict_to_env_variables_skips_unsafe_entries(
         {"ACCELERATE_DEBUG_MODE": "1", "BAD": "<mything", "EMPTY": "", "OTHER_ENV": "2"}
     )
     assert lines == ["ACCELERATE_DEBUG_MODE=1\n", "OTHER_ENV=2\n"]
-    assert "Skipping BAD='<mything'" in caplog.text
+    # Accelerate's sentence, on the logger Accelerate names (accelerate.utils.environment)
+    assert "WARNING: Skipping BAD=<mything as it contains forbidden characters" in caplog.text
+    assert {r.name for r in caplog.records} == {"hasten.utils.environment"}
 
 
 def test_are_libraries_initialized() -> None:

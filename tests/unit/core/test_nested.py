@@ -124,7 +124,10 @@ def test_recursively_apply_error_on_other_type() -> None:
     def double(t: torch.Tensor) -> torch.Tensor:
         return t * 2
 
-    with pytest.raises(TypeError, match=r"Unsupported type 'str' passed to `double`"):
+    with pytest.raises(
+        TypeError,
+        match=r"^Unsupported types \(<class 'str'>\) passed to `double`\. Only nested list/tuple/dicts of objects that are valid for `is_torch_tensor` should be passed\.$",
+    ):
         recursively_apply(double, [torch.ones(1), "x"], error_on_other_type=True)
 
 

@@ -194,6 +194,14 @@ def test_pad_across_processes_warns_on_nested(mirror: MirrorComm) -> None:
     assert out[0] is nested
 
 
+def test_pad_across_processes_warns_on_nested_on_one_process(local: LocalComm) -> None:
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+    with pytest.warns(CannotPadNestedTensorWarning):
+        assert pad_across_processes(nested) is nested
+    plain = torch.ones(4, 3)
+    assert pad_across_processes(plain, dim=-4) is plain  # out of range: unchanged
+
+
 def test_pad_input_tensors() -> None:
     out = pad_input_tensors({"x": torch.ones(3, 2)}, batch_size=3, num_processes=4)
     assert out["x"].shape == (4, 2)

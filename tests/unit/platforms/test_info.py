@@ -82,3 +82,5 @@ def test_check_os_kernel_warns_below_5_5(
     with caplog.at_level(logging.WARNING, logger="hasten.platforms.info"):
         info.check_os_kernel()
     assert ("below the recommended minimum of 5.5.0" in caplog.text) is warns
+    # the versions are in the record's own message, not only in its arguments
+    assert all("4.19.0" in r.msg for r in caplog.records) and len(caplog.records) == int(warns)

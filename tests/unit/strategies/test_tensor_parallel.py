@@ -72,6 +72,19 @@ def test_the_plan_and_sizes_are_found_on_the_model() -> None:
     assert get_model_tp_size(model) is None and not model_has_dtensor(model)
 
 
+def test_tp_size_recorded_by_transformers_4_and_5() -> None:
+    from types import SimpleNamespace
+
+    model = nn.Linear(2, 2)
+    model.tp_size = 2  # type: ignore[assignment]  # transformers < 5: on the model
+    assert get_model_tp_size(model) == 2
+    model.tp_size = None  # type: ignore[assignment]  # transformers >= 5: a None stub ...
+    model.config = SimpleNamespace(distributed_config=SimpleNamespace(tp_size=4))  # type: ignore[assignment]
+    assert get_model_tp_size(model) == 4  # ... and the degree in the config
+    model.config = SimpleNamespace(distributed_config={"tp_size": 8})  # type: ignore[assignment]
+    assert get_model_tp_size(model) == 8  # a config read back from JSON
+
+
 def test_mixed_clipping_of_plain_gradients_matches_torch() -> None:
     torch.manual_seed(0)
     first, second = nn.Linear(4, 4), nn.Linear(4, 4)
