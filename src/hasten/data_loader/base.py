@@ -228,6 +228,22 @@ class _ChoosesStatefulVariant:
         return super().__new__(cls)
 
 
+class _instance_attribute(property):  # lower case: used as a decorator, like property
+    """A property read on instances only: on the class it raises AttributeError.
+
+    Accelerate sets ``base_dataloader`` in ``__init__``, so ``DataLoaderShard.base_dataloader``
+    is an AttributeError there (its test_dataloader_inheritance checks it); hasten computes it
+    without storing ``self`` on ``self`` (no reference cycle).
+    """
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            name = getattr(self.fget, "__name__", "attribute")
+            owner = objtype.__name__ if objtype is not None else "class"
+            raise AttributeError(f"type object {owner!r} has no attribute {name!r}")
+        return super().__get__(obj, objtype)
+
+
 class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStateMixin):
     """A `DataLoader` that knows its epoch and position and can resume mid-epoch.
 
@@ -261,7 +277,7 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         self._epoch_rng: dict[str, torch.Tensor] | None = None
         self._resume: dict[str, Any] | None = None
 
-    @property
+    @_instance_attribute
     def base_dataloader(self) -> DataLoader[Any]:
         """The torch `DataLoader` doing the loading: this object itself (Accelerate's wrapped one)."""
         return self

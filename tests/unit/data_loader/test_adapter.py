@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
@@ -18,6 +19,11 @@ def test_adapter_is_a_dataloader_and_its_own_base() -> None:
     loader = DataLoaderAdapter(data, batch_size=2)
     assert isinstance(loader, DataLoader)
     assert loader.base_dataloader is loader
+    # an attribute of instances, as in Accelerate (where __init__ sets it)
+    with pytest.raises(
+        AttributeError, match="'DataLoaderAdapter' has no attribute 'base_dataloader'"
+    ):
+        _ = DataLoaderAdapter.base_dataloader
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
     sampler = BatchSampler(SequentialSampler(data), batch_size=3, drop_last=False)
     assert [b.tolist() for b in DataLoaderAdapter(data, batch_sampler=sampler)] == [
