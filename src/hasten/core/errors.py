@@ -14,6 +14,7 @@ __all__ = [
     "NotCheckpointableError",
     "ProcessGroupDestroyedError",
     "StateNotInitializedError",
+    "TrackerClassError",
 ]
 
 
@@ -38,3 +39,7 @@ class ProcessGroupDestroyedError(ValueError, RuntimeError):
 
     torch raises `ValueError` for a missing default group, which is what Accelerate users see.
     """
+
+
+class TrackerClassError(ValueError, TypeError):
+    """`register_tracker_class` was given something that is not a `GeneralTracker` subclass."""

@@ -37,11 +37,12 @@ class TrackerManager:
         self.is_main_process = is_main_process
         self.trackers: list[GeneralTracker] = []
         self._project_name: str | None = None
+        self._open = False
 
     @property
     def initialized(self) -> bool:
         """Whether `init` ran (and `finish` has not closed the trackers since)."""
-        return self._project_name is not None
+        return self._open
 
     def _runs_here(self, tracker: type[GeneralTracker] | GeneralTracker) -> bool:
         return self.is_main_process or not getattr(tracker, "main_process_only", True)
@@ -74,9 +75,12 @@ class TrackerManager:
                 f"init_trackers({project_name!r}) called while the trackers of "
                 f"{self._project_name!r} are open; call end_training() before starting new ones."
             )
-        if not isinstance(project_name, str) or not project_name:
+        named = [e for e in self.log_with if not isinstance(e, GeneralTracker)]
+        # trackers given as objects already have their run name: then the project may be None
+        if named and (not isinstance(project_name, str) or not project_name):
             raise ValueError(
-                f"init_trackers needs a non-empty project name string, got {project_name!r}."
+                f"init_trackers needs a non-empty project name string, got {project_name!r}: "
+                f"the trackers {named} are created with it."
             )
         if init_kwargs is not None and not isinstance(init_kwargs, Mapping):
             raise TypeError(
@@ -100,6 +104,7 @@ class TrackerManager:
                 tracker.store_init_configuration(config)
         self.trackers = trackers
         self._project_name = project_name
+        self._open = True
 
     def get(self, name: str, unwrap: bool = False) -> Any:
         """Return the tracker called ``name`` (its library object when ``unwrap``).
@@ -130,7 +135,7 @@ class TrackerManager:
 
         ``log_kwargs`` maps a tracker name to extra keyword arguments for its ``log``.
         """
-        if not self.trackers:
+        if not self.initialized or not self.trackers:
             if self.log_with and not self.initialized:
                 raise RuntimeError(
                     "accelerator.log() was called before init_trackers() (or after "
@@ -150,9 +155,15 @@ class TrackerManager:
             tracker.log(payload, step=step, **extra.get(tracker.name, {}))
 
     def finish(self) -> None:
-        """Finish every tracker (each one even if another fails) and forget them."""
-        trackers, self.trackers = self.trackers, []
-        self._project_name = None
+        """Finish every tracker (each one even if another fails); a second call does nothing.
+
+        The finished trackers stay in `trackers` (as in Accelerate, where scripts read their
+        files after end_training()); logging to them is refused until `init` starts new ones.
+        """
+        if not self.initialized:
+            return
+        trackers = self.trackers
+        self._project_name, self._open = None, False
         errors: list[BaseException] = []
         for tracker in trackers:
             try:

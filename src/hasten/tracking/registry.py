@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hasten.config.enums import LoggerType
+from hasten.core.errors import TrackerClassError
 from hasten.core.imports import is_package_available
 from hasten.tracking.base import GeneralTracker
 
@@ -77,11 +78,13 @@ _BUILTINS: dict[str, TrackerSpec] = {
 }
 
 _CUSTOM: dict[str, type[GeneralTracker]] = {}
+# Built-in names removed from LOGGER_TYPE_TO_CLASS (del / clear), until set again.
+_HIDDEN: set[str] = set()
 
 
 def known_tracker_names() -> list[str]:
     """Every name ``log_with`` accepts: "all", the built-in trackers and registered classes."""
-    return ["all", *sorted(set(_BUILTINS) | set(_CUSTOM))]
+    return ["all", *sorted(n for n in set(_BUILTINS) | set(_CUSTOM) if _known(n))]
 
 
 def _installed(name: str) -> bool:
@@ -100,7 +103,7 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
     It is then built like the built-in trackers: ``cls(project_name, [logging_dir,] **init_kwargs)``.
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
-        raise TypeError(
+        raise TrackerClassError(
             f"register_tracker_class got {tracker_class!r}; it takes a subclass of "
             "hasten.tracking.GeneralTracker (the class itself, not an instance)."
         )
@@ -115,7 +118,7 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
             f"{tracker_class.__name__} has no `requires_logging_directory`; set it to True if the "
             "tracker writes under the logging directory, else False."
         )
-    if name == "all" or name in _BUILTINS or name in _CUSTOM:
+    if name == "all" or _known(name):
         warnings.warn(
             f"register_tracker_class: {name!r} was already a tracker name; {tracker_class.__name__} "
             "now replaces it in log_with.",
@@ -123,6 +126,12 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
             stacklevel=2,
         )
     _CUSTOM[name] = tracker_class
+    _HIDDEN.discard(name)
+
+
+def _known(name: str) -> bool:
+    """Whether ``name`` is in the table: registered, or built in and not removed from it."""
+    return name in _CUSTOM or (name in _BUILTINS and name not in _HIDDEN)
 
 
 def tracker_class(name: str) -> type[GeneralTracker]:
@@ -139,23 +148,40 @@ def tracker_class(name: str) -> type[GeneralTracker]:
     return cls
 
 
-class LoggerTypeTable(Mapping[str, type[GeneralTracker]]):
-    """Read-only view ``tracker name -> class`` over the built-in and registered trackers.
+class LoggerTypeTable(MutableMapping[str, type[GeneralTracker]]):
+    """The table ``tracker name -> class`` of the built-in and registered trackers.
 
-    Accelerate's ``LOGGER_TYPE_TO_CLASS``; a tracker's module is imported when its class is
+    Accelerate's ``LOGGER_TYPE_TO_CLASS`` (a dict there): it can be read, set, deleted from,
+    cleared and updated like one. A built-in tracker's module is imported when its class is
     looked up, not when the table is read, so iterating names stays cheap.
     """
 
     def __getitem__(self, name: str) -> type[GeneralTracker]:
-        if name not in _BUILTINS and name not in _CUSTOM:
+        if not _known(name):
             raise KeyError(name)
         return tracker_class(name)
 
+    def __setitem__(self, name: str, cls: type[GeneralTracker]) -> None:
+        _CUSTOM[name] = cls
+        _HIDDEN.discard(name)
+
+    def __delitem__(self, name: str) -> None:
+        if not _known(name):
+            raise KeyError(name)
+        _CUSTOM.pop(name, None)
+        if name in _BUILTINS:
+            _HIDDEN.add(name)
+
+    def clear(self) -> None:
+        """Empty the table without importing the built-in trackers' modules."""
+        _CUSTOM.clear()
+        _HIDDEN.update(_BUILTINS)
+
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(set(_BUILTINS) | set(_CUSTOM)))
+        return iter(sorted(n for n in set(_BUILTINS) | set(_CUSTOM) if _known(n)))
 
     def __len__(self) -> int:
-        return len(set(_BUILTINS) | set(_CUSTOM))
+        return sum(1 for _ in self)
 
     def __repr__(self) -> str:
         return f"LoggerTypeTable({list(self)})"
@@ -185,7 +211,7 @@ def _normalize(entry: Any) -> str | GeneralTracker:
         )
     name = str(entry.value) if isinstance(entry, LoggerType) else entry
     key = name.lower()
-    if key in _CUSTOM or key in _BUILTINS or key == "all":
+    if _known(key) or key == "all":
         return key
     if name in _CUSTOM:
         return name
@@ -204,8 +230,9 @@ def _check_named(name: str, logging_dir: str | os.PathLike[str] | None) -> None:
         )
     if logging_dir is None and _requires_logging_directory(name):
         raise ValueError(
-            f"log_with={name!r} writes files under a logging directory, but none was given. "
-            "Fix: pass Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...)."
+            f"Logging with `{name}` requires a `logging_dir` to be passed in. (hasten: it writes "
+            "files under a logging directory; pass Accelerator(project_dir=...) or "
+            "ProjectConfiguration(logging_dir=...).)"
         )
 
 

@@ -73,9 +73,13 @@ def test_log_rejects_non_mapping(recording: RecordingTracker) -> None:
 
 
 def test_init_twice_and_bad_arguments(recording: RecordingTracker) -> None:
+    named = TrackerManager(["jsonl"], "/tmp/unused")
+    with pytest.raises(ValueError, match=r"non-empty project name string, got '': .*\['jsonl'\]"):
+        named.init("")
+    unnamed = TrackerManager(RecordingTracker())
+    unnamed.init(None)  # type: ignore[arg-type]  # objects already named: Accelerate allows None
+    unnamed.finish()
     manager = TrackerManager(recording)
-    with pytest.raises(ValueError, match="non-empty project name string, got ''"):
-        manager.init("")
     with pytest.raises(TypeError, match="init_kwargs must map tracker names"):
         manager.init("proj", init_kwargs=[("wandb", {})])  # type: ignore[arg-type]
     manager.init("proj")
@@ -112,7 +116,7 @@ def test_finish_closes_every_tracker_even_if_one_fails(recording: RecordingTrack
     with pytest.raises(OSError, match="disk gone"):
         manager.finish()
     assert recording.calls[-1] == ("finish", None)
-    assert manager.trackers == []
+    assert not manager.initialized and len(manager.trackers) == 2  # closed, still listed
 
 
 def test_non_main_process_creates_nothing_and_imports_nothing(
@@ -163,3 +167,17 @@ def test_registered_class_is_built_with_project_name(recording: Any) -> None:
         assert (built.run_name, built.init_kwargs) == ("proj", {"tag": "x"})
     finally:
         registry._CUSTOM.pop("registered", None)
+
+
+def test_finished_trackers_stay_listed_but_take_no_logs(recording: RecordingTracker) -> None:
+    # Accelerate's tests read accelerator.trackers[0] after end_training()
+    manager = TrackerManager(recording)
+    manager.init("proj")
+    manager.finish()
+    manager.finish()  # once only
+    assert manager.trackers == [recording] and recording.calls.count(("finish", None)) == 1
+    assert manager.get("recording") is recording
+    with pytest.raises(RuntimeError, match=r"before init_trackers\(\) \(or after end_training"):
+        manager.log({"loss": 1.0})
+    manager.init("again")  # a new run starts new trackers
+    assert manager.initialized

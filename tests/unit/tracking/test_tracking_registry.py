@@ -31,10 +31,12 @@ def only_installed(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.fixture(autouse=True)
 def _clean_custom_registry() -> Iterator[None]:
-    before = dict(registry._CUSTOM)
+    before, hidden = dict(registry._CUSTOM), set(registry._HIDDEN)
     yield
     registry._CUSTOM.clear()
     registry._CUSTOM.update(before)
+    registry._HIDDEN.clear()
+    registry._HIDDEN.update(hidden)
 
 
 class MyTracker(GeneralTracker):
@@ -107,7 +109,8 @@ def test_tensorboardx_alone_counts_as_tensorboard(only_installed: Any) -> None:
 
 def test_tracker_needing_a_directory_without_one_is_refused() -> None:
     with pytest.raises(
-        ValueError, match=r"log_with='jsonl' writes files under a logging directory.*project_dir"
+        ValueError,
+        match=r"^Logging with `jsonl` requires a `logging_dir` to be passed in\. \(hasten: .*project_dir",
     ):
         filter_trackers("jsonl")
 
@@ -141,6 +144,8 @@ def test_register_tracker_class_makes_name_usable() -> None:
 def test_register_tracker_class_rejects_bad_classes() -> None:
     with pytest.raises(TypeError, match="takes a subclass of hasten.tracking.GeneralTracker"):
         register_tracker_class(object)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="takes a subclass"):  # Accelerate's type too
+        register_tracker_class(dict)  # type: ignore[arg-type]
 
     class NoName(GeneralTracker):
         requires_logging_directory = False
@@ -186,3 +191,23 @@ def test_logger_type_to_class_maps_names_to_tracker_classes() -> None:
 
     register_tracker_class(Custom)
     assert LOGGER_TYPE_TO_CLASS["custom_table_tracker"] is Custom
+
+
+def test_logger_type_to_class_is_edited_like_a_dict() -> None:
+    # Accelerate's tests snapshot it, clear() it and update() it back
+    from hasten.tracking import LOGGER_TYPE_TO_CLASS, TensorBoardTracker
+
+    snapshot = dict(LOGGER_TYPE_TO_CLASS)
+    assert snapshot["tensorboard"] is TensorBoardTracker
+    LOGGER_TYPE_TO_CLASS.clear()
+    assert len(LOGGER_TYPE_TO_CLASS) == 0 and "tensorboard" not in known_tracker_names()
+    with pytest.raises(ValueError, match="Unknown tracker 'tensorboard'"):
+        filter_trackers("tensorboard", "/logs")
+    LOGGER_TYPE_TO_CLASS["my_tracker"] = MyTracker
+    assert list(LOGGER_TYPE_TO_CLASS) == ["my_tracker"]
+    LOGGER_TYPE_TO_CLASS.update(snapshot)
+    assert dict(LOGGER_TYPE_TO_CLASS) == {**snapshot, "my_tracker": MyTracker}
+    del LOGGER_TYPE_TO_CLASS["my_tracker"], LOGGER_TYPE_TO_CLASS["wandb"]
+    assert "wandb" not in LOGGER_TYPE_TO_CLASS and "my_tracker" not in LOGGER_TYPE_TO_CLASS
+    with pytest.raises(KeyError):
+        del LOGGER_TYPE_TO_CLASS["wandb"]
