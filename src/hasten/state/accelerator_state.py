@@ -191,6 +191,16 @@ class AcceleratorState(SharedState):
         partial.distributed_type = self.engine.distributed_type
         self._enable_tf32_for_dynamo()
 
+    @property
+    def _process(self) -> PartialState:
+        """The process state the helpers below use.
+
+        Accelerate's AcceleratorState asks ``PartialState()`` each time, so they keep working
+        after ``AcceleratorState._reset_state()`` (which leaves the process state alone).
+        """
+        partial = self.__dict__.get("_partial")
+        return partial if partial is not None else PartialState()
+
     def _rejoin_partial(self, partial: PartialState) -> None:
         """Take the process facts from a PartialState set up again after its reset (as Accelerate)."""
         for name in _COPIED:
@@ -350,52 +360,52 @@ class AcceleratorState(SharedState):
     @property
     def use_distributed(self) -> bool:
         """Whether several processes cooperate in this run."""
-        return self._partial.use_distributed
+        return self._process.use_distributed
 
     @property
     def is_last_process(self) -> bool:
         """Whether this is the process with the highest index."""
-        return self._partial.is_last_process
+        return self._process.is_last_process
 
     @property
     def is_main_process(self) -> bool:
         """Whether this is the main process."""
-        return self._partial.is_main_process
+        return self._process.is_main_process
 
     @property
     def is_local_main_process(self) -> bool:
         """Whether this is the main process of its machine."""
-        return self._partial.is_local_main_process
+        return self._process.is_local_main_process
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point."""
-        self._partial.wait_for_everyone()
+        self._process.wait_for_everyone()
 
     @contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
         """Yield this process's share of `inputs` (see `PartialState.split_between_processes`)."""
-        with self._partial.split_between_processes(inputs, apply_padding=apply_padding) as share:
+        with self._process.split_between_processes(inputs, apply_padding=apply_padding) as share:
             yield share
 
     @contextmanager
     def main_process_first(self) -> Iterator[None]:
         """Run the block on the main process first, then on the others."""
-        with self._partial.main_process_first():
+        with self._process.main_process_first():
             yield
 
     @contextmanager
     def local_main_process_first(self) -> Iterator[None]:
         """Run the block on each machine's main process first, then on the others."""
-        with self._partial.local_main_process_first():
+        with self._process.local_main_process_first():
             yield
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` once per machine."""
-        self._partial.print(*args, **kwargs)
+        self._process.print(*args, **kwargs)
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy `group` (default: the default group) unless forked workers share it."""
-        self._partial.destroy_process_group(group)
+        self._process.destroy_process_group(group)
 
     def _restore(self) -> None:
         """Complete an unpickled state: hasten's, or Accelerate's attributes."""

@@ -198,3 +198,14 @@ def test_partial_reset_alone_is_set_up_again_by_the_next_accelerator_state() -> 
     again = AcceleratorState()
     assert again.is_main_process and PartialState._shared_state
     assert again.num_processes == 1 and again.distributed_type == state.distributed_type
+
+
+def test_process_helpers_work_after_accelerator_state_reset() -> None:
+    # Accelerate's test_script resets AcceleratorState, then calls state.destroy_process_group()
+    state = make()
+    AcceleratorState._reset_state()
+    assert state.is_main_process and state.is_local_main_process and not state.use_distributed
+    state.wait_for_everyone()
+    state.destroy_process_group()
+    with pytest.raises(AttributeError, match="`AcceleratorState` object has no attribute `device`"):
+        _ = state.device
