@@ -47,16 +47,17 @@ def check_checkpointable(objects: Sequence[Any]) -> None:
             lacks ``state_dict`` or ``load_state_dict`` (all are named).
     """
     bad = [
-        f"item {i} ({type(obj).__name__})"
+        f"\n\t- Item at index {i}, `{type(obj).__name__}`"
         for i, obj in enumerate(objects)
         if not (callable(getattr(obj, "state_dict", None)))
         or not callable(getattr(obj, "load_state_dict", None))
     ]
     if bad:
+        # Accelerate's sentence and list first (its tests look for "Item at index 0")
         raise NotCheckpointableError(
-            f"register_for_checkpointing needs objects with state_dict() and "
-            f"load_state_dict(); these have not: {', '.join(bad)}. Wrap them in a small class "
-            "that provides both."
+            "All `objects` must include a `state_dict` and `load_state_dict` function to be "
+            f"stored. The following inputs are invalid:{''.join(bad)}\n(hasten: wrap each in a "
+            "small class that provides both methods.)"
         )
 
 

@@ -221,8 +221,13 @@ def test_failing_part_is_named_or_warned(tmp_path: Path) -> None:
 
 def test_check_checkpointable_names_bad_objects() -> None:
     check_checkpointable([Counter()])
-    with pytest.raises(TypeError, match=r"item 1 \(int\)"):
-        check_checkpointable([Counter(), 3])
+    with pytest.raises(ValueError) as info:  # also a TypeError
+        check_checkpointable([Counter(), 3, "x"])
+    message = str(info.value)
+    assert isinstance(info.value, TypeError)
+    assert message.startswith("All `objects` must include a `state_dict` and `load_state_dict`")
+    assert "Item at index 1, `int`" in message and "Item at index 2, `str`" in message
+    assert "Item at index 0" not in message
 
 
 def test_manager_automatic_naming_total_limit_and_newest(tmp_path: Path) -> None:
