@@ -48,6 +48,12 @@ def init_on_device(device: torch.device, include_buffers: bool | None = None) ->
     if include_buffers is None:
         include_buffers = envvars.read_flag("ACCELERATE_INIT_INCLUDE_BUFFERS", False)
     target = torch.device(device)
+    if include_buffers:
+        # torch's device context places every factory call (buffers included) on `target`;
+        # nn.Module is left untouched, as in Accelerate (its tests check register_parameter)
+        with target:
+            yield
+        return
     original = nn.Module.register_parameter
 
     def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
@@ -57,12 +63,7 @@ def init_on_device(device: torch.device, include_buffers: bool | None = None) ->
 
     nn.Module.register_parameter = register_parameter  # type: ignore[method-assign,assignment]
     try:
-        if include_buffers:
-            # torch's device context places every factory call (buffers included) on `target`
-            with target:
-                yield
-        else:
-            yield
+        yield
     finally:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 

@@ -21,10 +21,13 @@ def test_init_empty_weights_puts_parameters_on_meta_and_keeps_buffers() -> None:
 
 
 def test_include_buffers_and_the_environment_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    register_parameter = nn.Module.register_parameter
     with init_empty_weights(include_buffers=True):
+        # torch's device context does it all: nn.Module is not patched (as Accelerate checks)
+        assert nn.Module.register_parameter is register_parameter
         norm = nn.BatchNorm1d(4)
         extra = torch.zeros(3)
-    assert norm.running_mean.is_meta and extra.is_meta
+    assert norm.running_mean.is_meta and norm.weight.is_meta and extra.is_meta
     monkeypatch.setenv("ACCELERATE_INIT_INCLUDE_BUFFERS", "1")
     with init_empty_weights():
         norm = nn.BatchNorm1d(4)
