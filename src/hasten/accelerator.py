@@ -1304,7 +1304,18 @@ class Accelerator:
                 write=self.is_main_process,
             )
             return
-        state_dict = self.get_state_dict(model)
+        from hasten.big_modeling.onload import get_state_dict_offloaded_model, has_offloaded_params
+
+        if any(has_offloaded_params(module) for module in model.modules()):
+            # weights offloaded to cpu/disk by dispatch hooks: onloaded one module at a time
+            state_dict = get_state_dict_offloaded_model(model)
+        else:
+            if any(param.device.type == "meta" for param in model.parameters()):
+                raise RuntimeError(
+                    "You can't save the model since some parameters are on the meta device. "
+                    "(hasten: load its weights first, e.g. with load_checkpoint_and_dispatch.)"
+                )
+            state_dict = self.get_state_dict(model)
         if self.is_main_process:
             save_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)
 

@@ -601,3 +601,29 @@ def test_changing_accumulation_keeps_fp16_backward_usable() -> None:
     acc.gradient_accumulation_steps = 2
     acc.backward(model(torch.ones(1, 8)).sum())
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_save_model_of_an_offloaded_model_onloads_its_weights(tmp_path: Path) -> None:
+    # Accelerate's test_save_model_offload: save, dispatch with disk offload, save again, reload
+    from hasten.big_modeling import load_checkpoint_and_dispatch
+
+    acc = Accelerator(cpu=True)
+    model = mlp()
+    inputs = torch.randn(3, 8)
+    expected = model(inputs)
+    acc.save_model(model, str(tmp_path))
+    device_map = {"0": "cpu", "1": "cpu", "2": "disk"}
+    load_checkpoint_and_dispatch(
+        model, str(tmp_path), device_map=device_map, offload_folder=str(tmp_path / "off")
+    )
+    assert model[2].weight.device.type == "meta"
+    acc.save_model(model, str(tmp_path / "again"))
+    fresh = mlp(seed=5)
+    load_checkpoint_and_dispatch(fresh, str(tmp_path / "again"))
+    assert torch.allclose(fresh(inputs), expected, atol=1e-6)
+    with torch.device("meta"):
+        empty = mlp()
+    with pytest.raises(
+        RuntimeError, match="^You can't save the model since some parameters are on the meta device"
+    ):
+        acc.save_model(empty, str(tmp_path / "empty"))
