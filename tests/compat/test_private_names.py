@@ -18,6 +18,7 @@ PRIVATE_NAMES = [
     # patch targets: looked up in the accelerator module at call time
     ("hasten.accelerator", "is_bitsandbytes_multi_backend_available"),
     ("hasten.accelerator", "is_xpu_available"),
+    ("hasten.commands.env", "which"),
 ]
 
 

@@ -10,6 +10,7 @@ import os
 import platform
 import sys
 from pathlib import Path
+from shutil import which
 from typing import Any
 
 from hasten.commands.config.config_args import default_config_path, load_config_from_file
@@ -107,13 +108,33 @@ def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     else:
         parser = CustomArgumentParser("hasten env", description=description)
     parser.add_argument("--config_file", default=None, help="Config file to report on.")
-    parser.set_defaults(func=env_command)
+    parser.set_defaults(func=_env_from_cli)
     return parser
 
 
-def env_command(args: argparse.Namespace) -> int:
-    """Run ``hasten env``."""
-    print(format_report(collect_report(args.config_file)))
+def env_command(args: argparse.Namespace) -> dict[str, Any]:
+    """Print the ``hasten env`` report; return its main facts under Accelerate's keys.
+
+    As Accelerate's ``env_command``, which scripts and its tests call in-process.
+    """
+    report = collect_report(args.config_file)
+    print(format_report(report))
+    versions, hardware = report["versions"], report["hardware"]
+    return {
+        "`Accelerate` version": f"hasten {versions['hasten version']}",
+        "Platform": versions["Platform"],
+        "`accelerate` bash location": which("accelerate") or "Not found",
+        "Python version": versions["Python version"],
+        "Numpy version": versions["NumPy version"],
+        "PyTorch version": versions["PyTorch version"],
+        "PyTorch accelerator": hardware["Accelerator"],
+        "System RAM": hardware["System RAM"],
+        "`Accelerate` configs": report["config"] or "Not found",
+    }
+
+
+def _env_from_cli(args: argparse.Namespace) -> int:
+    env_command(args)
     return 0
 
 
@@ -124,7 +145,7 @@ def register(subparsers: Any) -> None:
 
 def main() -> int:
     """Run ``hasten env`` with the command line (``python -m hasten.commands.env``)."""
-    return env_command(env_command_parser().parse_args())
+    return _env_from_cli(env_command_parser().parse_args())
 
 
 if __name__ == "__main__":

@@ -48,3 +48,21 @@ def test_report_without_config_uses_defaults(
 def test_missing_explicit_config_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         collect_report(str(tmp_path / "missing.yaml"))
+
+
+def test_env_command_returns_accelerates_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hasten.commands import env
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # no default config file
+    monkeypatch.setattr(env, "which", lambda name: None)  # Accelerate's test patches it here
+    args = env.env_command_parser().parse_args([])
+    info = env.env_command(args)
+    assert info["`accelerate` bash location"] == "Not found"
+    assert info["`Accelerate` configs"] == "Not found"
+    assert info["`Accelerate` version"].startswith("hasten ")
+    assert "Copy-and-paste" in capsys.readouterr().out
+    monkeypatch.setattr(env, "which", lambda name: f"/bin/{name}")
+    assert env.env_command(args)["`accelerate` bash location"] == "/bin/accelerate"
+    assert args.func(args) == 0  # the command's exit code
