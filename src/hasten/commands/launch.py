@@ -218,7 +218,10 @@ def _add_fp8_flags(parser: argparse.ArgumentParser) -> None:
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """Return the ``hasten launch`` parser (added to `subparsers` when given)."""
     kwargs: dict[str, Any] = {
-        "description": "Launch a training script on one or many processes and machines.",
+        "description": (
+            "Launch a training script on one or many processes and machines. Flags may be "
+            "written with dashes or underscores (--num-processes is --num_processes)."
+        ),
         "epilog": PRECEDENCE,
         "formatter_class": CustomHelpFormatter,
         "allow_abbrev": False,

@@ -118,6 +118,9 @@ def _default_threads(plan: LaunchPlan, environ: Mapping[str, str]) -> int | None
     return max(1, (os.cpu_count() or 1) // plan.nproc_per_node)
 
 
+_KMP_CPU = {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "1"}
+
+
 def worker_env(
     plan: LaunchPlan,
     environ: Mapping[str, str] | None = None,
@@ -159,6 +162,12 @@ def worker_env(
         values["OMP_NUM_THREADS"] = str(threads)
     if plan.gpu_ids != "all":
         values["CUDA_VISIBLE_DEVICES"] = plan.gpu_ids
+    if plan.use_cpu:
+        # Intel OpenMP's thread pinning for CPU training, as Accelerate's launcher sets it
+        # (libgomp ignores them); values already in the environment are the user's and stay
+        for name, value in _KMP_CPU.items():
+            if name not in current:
+                values[name] = value
     values.update(dict(plan.extra_env))
     return values
 

@@ -68,7 +68,7 @@ def _help(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
 def test_help_lists_each_flag_once_and_tpu_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     sudo = "Run the pod command with sudo."
     full = _help(["--help"], monkeypatch)
-    assert "--num_processes" in full and "--num-processes" not in full
+    assert "--num_processes" in full and full.count("--num-processes") == 1  # only the note
     assert sudo in full  # --help alone lists every section
     narrowed = _help(["--cpu", "--help"], monkeypatch)
     assert "Total processes over all machines." in narrowed and sudo not in narrowed
@@ -197,3 +197,13 @@ def test_validate_launch_command_without_a_config_leaves_flags(
     before = dict(vars(args))
     assert launch._validate_launch_command(args) == (args, None, False)
     assert vars(args) == before
+
+
+def test_help_spells_each_flag_with_underscores_and_says_dashes_work() -> None:
+    # Accelerate's test_duplicate_entities: only the note names a dashed flag
+    parser = launch_command_parser()
+    text = parser.format_help()
+    assert text.count("--num-processes") == 1
+    for name in vars(parser.parse_args(["t.py"])):
+        if "_" in name and name != "num_processes":
+            assert f"--{name.replace('_', '-')}" not in text

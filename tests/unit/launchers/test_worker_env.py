@@ -156,3 +156,12 @@ def test_accumulation_steps_are_passed_only_when_asked_for() -> None:
     assert (
         env_of({"gradient_accumulation_steps": 3})["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "3"
     )
+
+
+def test_cpu_launch_sets_intel_openmp_pinning_unless_the_user_did() -> None:
+    # Accelerate's test_cpu_launch_sets_kmp_env: `launch --cpu` sets both, a launch without leaves them
+    cpu = worker_env(LaunchPlan("t.py", use_cpu=True), environ={})
+    assert cpu["KMP_AFFINITY"] == "granularity=fine,compact,1,0" and cpu["KMP_BLOCKTIME"] == "1"
+    assert "KMP_AFFINITY" not in worker_env(LaunchPlan("t.py"), environ={})
+    mine = worker_env(LaunchPlan("t.py", use_cpu=True), environ={"KMP_BLOCKTIME": "200"})
+    assert "KMP_BLOCKTIME" not in mine and mine["KMP_AFFINITY"]
