@@ -20,6 +20,7 @@ from hasten.big_modeling.sizes import ModuleTree
 from hasten.commands.utils import CustomArgumentParser
 from hasten.config import envvars
 from hasten.config.enums import CustomDtype
+from hasten.core.errors import ModelNotLocalError
 from hasten.core.imports import require
 
 __all__ = [
@@ -89,8 +90,8 @@ def create_empty_model(
         access_token: unused (nothing is downloaded); accepted for Accelerate's signature.
 
     Raises:
-        ValueError: if it is neither a local config nor ``module:callable`` (nothing is
-            downloaded).
+        ModelNotLocalError: (a ValueError and an OSError) it is neither a local config nor
+            ``module:callable`` (nothing is downloaded).
     """
     del access_token  # nothing is fetched from the hub
     if library_name not in (None, "transformers"):
@@ -107,7 +108,7 @@ def create_empty_model(
             return _from_config(path, trust_remote_code)
         if ":" in model_name and not path.exists():
             return _from_callable(model_name)
-    raise ValueError(
+    raise ModelNotLocalError(
         f"{model_name!r} is not a local folder with a config.json, a config .json file, or "
         "'module:callable' returning an nn.Module. hasten estimate-memory never downloads: "
         "save the config locally first."
@@ -262,8 +263,14 @@ def estimate_command(args: argparse.Namespace) -> int:
 
 
 def add_timm_hub_prefix(model_name: str) -> str:
-    """Return `model_name` with timm's ``hf-hub:`` prefix (unchanged when it has one)."""
-    return model_name if model_name.startswith("hf-hub:") else f"hf-hub:{model_name}"
+    """Give a Hub repo id (``org/name``) timm's ``hf-hub:`` source prefix.
+
+    Registry names (``resnet50``) and names with a source prefix (``hf-hub:``, ``local-dir:``)
+    are returned unchanged.
+    """
+    if "/" not in model_name or ":" in model_name.split("/", 1)[0]:
+        return model_name
+    return f"hf-hub:{model_name}"
 
 
 def check_has_model(error: BaseException) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointExistsError",
     "CheckpointNotFoundError",
+    "ModelNotLocalError",
     "NotCheckpointableError",
     "ProcessGroupDestroyedError",
     "StateNotInitializedError",
@@ -43,3 +44,10 @@ class ProcessGroupDestroyedError(ValueError, RuntimeError):
 
 class TrackerClassError(ValueError, TypeError):
     """`register_tracker_class` was given something that is not a `GeneralTracker` subclass."""
+
+
+class ModelNotLocalError(ValueError, OSError):
+    """`estimate-memory` was given a name that is no local config (hasten never downloads).
+
+    An `OSError` too: Accelerate's lookup of an unknown or gated repo raises one.
+    """

@@ -73,8 +73,12 @@ def test_gather_data_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_timm_prefix_and_error_origin() -> None:
-    assert add_timm_hub_prefix("resnet50") == "hf-hub:resnet50"
-    assert add_timm_hub_prefix("hf-hub:resnet50") == "hf-hub:resnet50"
+    # registry names and prefixed names unchanged; Hub repo ids get timm's source prefix
+    assert add_timm_hub_prefix("resnet50") == "resnet50"
+    assert add_timm_hub_prefix("resnet50.a1_in1k") == "resnet50.a1_in1k"
+    assert add_timm_hub_prefix("timm/resnet50.a1_in1k") == "hf-hub:timm/resnet50.a1_in1k"
+    assert add_timm_hub_prefix("hf-hub:timm/resnet50") == "hf-hub:timm/resnet50"
+    assert add_timm_hub_prefix("local-dir:/path/to/model") == "local-dir:/path/to/model"
     assert check_has_model(RuntimeError("Unknown model (resnet)")) == "timm"
     error = OSError("repo does not appear to have a file named config.json")
     assert check_has_model(error) == "transformers"
@@ -110,3 +114,11 @@ def test_verify_on_hub_maps_gated_and_missing_repos(monkeypatch: pytest.MonkeyPa
     assert verify_on_hub("missing/m") == "repo"
     with pytest.raises(ConnectionError, match="Cannot reach the Hugging Face Hub"):
         verify_on_hub("down/m")
+
+
+def test_a_name_that_is_no_local_config_is_refused_as_value_and_os_error() -> None:
+    from hasten.commands.estimate import create_empty_model
+
+    with pytest.raises(ValueError, match="never downloads") as info:
+        create_empty_model("somebrokenname", library_name=None)
+    assert isinstance(info.value, OSError)  # what Accelerate's Hub lookup raises
