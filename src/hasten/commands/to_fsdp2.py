@@ -112,7 +112,14 @@ def _convert_key(key: str, value: Any, out: dict[str, Any]) -> None:
 def convert_config_to_fsdp2(config: dict) -> dict:
     """Return ``config`` with its ``fsdp_config`` in FSDP2 keys and ``fsdp_version: 2``."""
     fsdp = dict(config.get("fsdp_config") or {})
+    if not fsdp:
+        logger.info("No FSDP config found in the config file, skipping conversion...")
+        return config
     if int(fsdp.get("fsdp_version", 1)) == 2:
+        logger.warning(
+            "Config already specifies FSDP2, skipping conversion... (hasten: if its keys are "
+            "still FSDP1's, set fsdp_version: 1 and run to-fsdp2 again.)"
+        )
         return config
     converted: dict[str, Any] = {}
     for key, value in fsdp.items():
@@ -129,9 +136,15 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     else:
         parser = CustomArgumentParser("hasten to-fsdp2", description=description)
     parser.add_argument("--config_file", required=True, help="the FSDP1 config file")
-    parser.add_argument("--output_file", required=True, help="where to write the FSDP2 config")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace --output_file if it exists"
+        "--output_file",
+        default=None,
+        help="where to write the FSDP2 config (default with --overwrite: the config file itself)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --output_file if it exists (or, without --output_file, the config file)",
     )
     parser.set_defaults(func=to_fsdp2_command)
     return parser
@@ -141,12 +154,24 @@ def to_fsdp2_command(args: Any) -> int:
     """Run ``hasten to-fsdp2``.
 
     Raises:
+        FileNotFoundError: the config file does not exist.
+        ValueError: neither ``--output_file`` nor ``--overwrite`` was given.
         FileExistsError: the output exists and ``--overwrite`` was not given.
     """
-    output = Path(args.output_file)
+    if not Path(args.config_file).is_file():
+        raise FileNotFoundError(
+            f"Config file {args.config_file} not found. (hasten: pass an existing --config_file.)"
+        )
+    if args.output_file is None and not args.overwrite:
+        raise ValueError(
+            "If --overwrite is not set, --output_file must be provided. (hasten: name the new "
+            "file, or pass --overwrite to rewrite the config file in place.)"
+        )
+    output = Path(args.output_file if args.output_file is not None else args.config_file)
     if output.exists() and not args.overwrite:
         raise FileExistsError(
-            f"{output} exists; pass --overwrite to replace it, or choose another --output_file."
+            f"Output file {output} already exists and --overwrite is not set. (hasten: pass "
+            "--overwrite to replace it, or choose another --output_file.)"
         )
     converted = convert_config_to_fsdp2(load_config(args.config_file))
     import yaml  # deferred

@@ -59,3 +59,29 @@ def test_command_writes_the_file_and_refuses_to_overwrite(tmp_path: Path) -> Non
     assert yaml.safe_load(target.read_text())["fsdp_config"]["fsdp_version"] == 2
     again = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert again.returncode != 0 and "--overwrite" in again.stderr + again.stdout
+
+
+def test_command_arguments_as_accelerate_checks_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from hasten.commands.to_fsdp2 import to_fsdp2_command, to_fsdp2_command_parser
+
+    parser = to_fsdp2_command_parser()
+    source = tmp_path / "fsdp1.yaml"
+    with pytest.raises(FileNotFoundError, match=r"^Config file .*nope.yaml not found"):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(tmp_path / "nope.yaml")]))
+    source.write_text(yaml.safe_dump(FSDP1))
+    with pytest.raises(ValueError, match=r"^If --overwrite is not set, --output_file must be"):
+        to_fsdp2_command(parser.parse_args(["--config_file", str(source)]))
+    taken = tmp_path / "taken.yaml"
+    taken.write_text("x: 1\n")
+    with pytest.raises(FileExistsError, match=r"^Output file .*taken.yaml already exists"):
+        to_fsdp2_command(
+            parser.parse_args(["--config_file", str(source), "--output_file", str(taken)])
+        )
+    # --overwrite alone rewrites the config file in place
+    to_fsdp2_command(parser.parse_args(["--config_file", str(source), "--overwrite"]))
+    assert yaml.safe_load(source.read_text())["fsdp_config"]["fsdp_version"] == 2
+    with caplog.at_level("WARNING"):  # already FSDP2: left as it is, with Accelerate's warning
+        to_fsdp2_command(parser.parse_args(["--config_file", str(source), "--overwrite"]))
+    assert "Config already specifies FSDP2, skipping conversion..." in caplog.text
