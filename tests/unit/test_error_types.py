@@ -29,7 +29,9 @@ from hasten.utils import (
 
 def test_register_for_checkpointing_without_state_dict_is_a_value_error() -> None:
     acc = Accelerator(cpu=True)
-    with pytest.raises(ValueError, match=r"state_dict\(\) and load_state_dict\(\).*item 0"):
+    with pytest.raises(
+        ValueError, match=r"(?s)`state_dict` and `load_state_dict` function.*Item at index 0"
+    ):
         acc.register_for_checkpointing(object())
     with pytest.raises(TypeError):  # hasten's earlier type keeps working
         acc.register_for_checkpointing(torch.nn.Linear(1, 1), 3)
