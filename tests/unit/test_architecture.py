@@ -120,3 +120,70 @@ def test_import_hasten_has_no_side_effects_and_loads_nothing_optional() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
+
+
+def _calls(path: Path) -> list[tuple[str, int]]:
+    """(name, line) of every call in ``path`` whose callee is a plain or dotted name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            found.append((name, node.lineno))
+    return found
+
+
+#: torch's calls that apply a composable parallelism, and the one module allowed to make each:
+#: the order is written once, in strategies/parallelize.py (TP plans are resolved and applied in
+#: tensor_parallel.py, which its apply_tp calls).
+PARALLELISM_CALLS = {
+    "fully_shard": "strategies/parallelize.py",
+    "parallelize_module": "strategies/tensor_parallel.py",
+}
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_parallelisms_are_applied_in_their_one_place(path: Path) -> None:
+    rel = _rel(path)
+    misplaced = [
+        f"{rel}:{line}: {name}() belongs in {PARALLELISM_CALLS[name]}"
+        for name, line in _calls(path)
+        if name in PARALLELISM_CALLS and PARALLELISM_CALLS[name] != rel
+    ]
+    assert not misplaced, "apply parallelisms through strategies.parallelize:\n" + "\n".join(
+        misplaced
+    )
+
+
+STRATEGY_MODULES = [p for p in MODULES if _rel(p).startswith("strategies/")]
+
+
+@pytest.mark.parametrize("path", STRATEGY_MODULES, ids=_rel)
+def test_no_strategy_takes_the_accelerator(path: Path) -> None:
+    """Strategies get a PrepareCall; Megatron-LM's Accelerate-API helpers take a RunView."""
+    loose = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        for arg in args:
+            annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+            if arg.arg == "accelerator" and not annotation.startswith("RunView"):
+                loose.append(f"{_rel(path)}:{arg.lineno}: {node.name}({arg.arg}: {annotation})")
+    assert not loose, "hand strategies a PrepareCall, not the Accelerator:\n" + "\n".join(loose)
+
+
+def test_the_facade_asks_its_strategy_through_methods() -> None:
+    source = (SRC / "accelerator.py").read_text(encoding="utf-8")
+    private = re.findall(r"strategy\._[a-z]\w*", source)
+    assert not private, f"accelerator.py reads private strategy attributes: {private}"
+    assert "DDPStrategy(" not in source, "the facade builds no strategy of its own"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_optimizers_are_unwrapped_in_one_place(path: Path) -> None:
+    rel = _rel(path)
+    if rel == "optimizer.py":
+        return
+    hits = re.findall(r'getattr\((\w+), "optimizer", \1\)', path.read_text(encoding="utf-8"))
+    assert not hits, f"{rel}: use hasten.optimizer.unwrap_optimizer instead of getattr"
