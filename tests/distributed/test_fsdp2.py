@@ -294,8 +294,8 @@ def test_kill_9_during_a_sharded_save_leaves_nothing_loadable(tmp_path: Path) ->
     with pytest.raises(DistributedTestError):
         run_distributed(_killed_during_save, str(folder), world_size=2, timeout=60)
     assert not folder.exists()  # only the hidden staging folder is left
-    staging = layout.staging_path(folder)
-    assert staging.exists() and (staging / "pytorch_model_fsdp_0" / "__0_0.distcp").exists()
+    (staging,) = folder.parent.glob(".checkpoint_0.*.partial")  # named after the save
+    assert (staging / "pytorch_model_fsdp_0" / "__0_0.distcp").exists()
     assert layout.newest_complete_checkpoint(tmp_path) is None
 
 

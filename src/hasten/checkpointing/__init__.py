@@ -13,14 +13,14 @@ _TABLE: dict[str, list[str]] = {
     "hasten.checkpointing.manifest": ["CorruptCheckpointError"],
     "hasten.checkpointing.model": ["save_model_weights"],
     "hasten.checkpointing.preemption": ["PREEMPTED_EXIT_CODE"],
-    "hasten.checkpointing.sharded": ["load_sharded_state", "save_sharded_state"],
-    "hasten.checkpointing.state": [
-        "CheckpointContents",
+    "hasten.checkpointing.functional": [
         "load_accelerator_state",
         "load_custom_state",
         "save_accelerator_state",
         "save_custom_state",
     ],
+    "hasten.checkpointing.sharded": ["load_sharded_state", "save_sharded_state"],
+    "hasten.checkpointing.state": ["CheckpointContents"],
 }
 
 __getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())

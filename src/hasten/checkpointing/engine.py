@@ -83,19 +83,15 @@ class EngineFiles:
     Args:
         folder: the staging folder the engine writes into.
         copy: copies an object's tensors to host memory (asynchronous saves), or None.
-        on_first_write: called before the first file is taken (the folder exists by then
-            on every process), e.g. to start writing hasten's own files beside the engine's.
     """
 
     def __init__(
         self,
         folder: Path,
         copy: Callable[[Any], Any] | None = None,
-        on_first_write: Callable[[], None] | None = None,
     ) -> None:
         self.folder = Path(folder)
         self._copy = copy
-        self._on_first_write = on_first_write
         self._records: list[FileRecord] = []
         self._queued: list[tuple[str, Any, Serializer]] = []
         self._syncs: list[tuple[str, Future[None]]] = []
@@ -115,9 +111,6 @@ class EngineFiles:
             return
         name = path
         try:
-            if self._on_first_write is not None:
-                started, self._on_first_write = self._on_first_write, None
-                started()
             name = self._name(path)
             if self._copy is not None:
                 self._queued.append((name, self._copy(obj), serialize))

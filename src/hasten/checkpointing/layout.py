@@ -38,6 +38,7 @@ __all__ = [
     "optimizer_file",
     "prune_checkpoints",
     "publish",
+    "remove_stale_staging",
     "rng_file",
     "sampler_file",
     "scaler_file",
@@ -106,9 +107,22 @@ def checkpoint_path(project_dir: str | os.PathLike[str], iteration: int) -> Path
     return Path(project_dir) / "checkpoints" / f"{CHECKPOINT_PREFIX}{iteration}"
 
 
-def staging_path(final: Path) -> Path:
-    """The hidden sibling a checkpoint is written into before it is renamed into place."""
-    return final.parent / f".{final.name}.partial"
+def staging_path(final: Path, token: str = "") -> Path:
+    """The hidden sibling a checkpoint is written into before it is renamed into place.
+
+    ``token`` names the save (`hasten.checkpointing.agreement.next_token`), so a folder a
+    crashed save left is never written into again; `remove_stale_staging` removes it.
+    """
+    middle = f".{token}" if token else ""
+    return final.parent / f".{final.name}{middle}.partial"
+
+
+def remove_stale_staging(final: Path) -> None:
+    """Remove the staging folders crashed saves to ``final`` left behind (after a publish)."""
+    stale = re.compile(rf"^\.{re.escape(final.name)}(\.[0-9a-f]+)?\.partial$")
+    for entry in os.scandir(final.parent):
+        if stale.match(entry.name):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 _REMOVALS: dict[Path, Future[None]] = {}

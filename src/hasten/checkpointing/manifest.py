@@ -1,14 +1,20 @@
 """The manifest of a checkpoint: every file with its size and block checksums, written last.
 
 A checkpoint folder is complete exactly when its manifest exists and every file it lists has
-the recorded size and checksums. Checksums are computed while writing (see `ChecksumWriter`) and
+the recorded size and checksums. When the processes saved into folders they do not share, each
+folder has its own manifest, named after the lowest rank that wrote there
+(``hasten_manifest.json`` for rank 0's, ``hasten_manifest_<rank>.json`` for the others), so
+folders copied together (as Ray Train does with its workers' checkpoints) keep every manifest
+and read as one. Checksums are computed while writing (see `ChecksumWriter`) and
 while reading (see `hasten.checkpointing.reader`), never in a separate pass over the data.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -21,13 +27,20 @@ __all__ = [
     "CorruptCheckpointError",
     "FileRecord",
     "MANIFEST_NAME",
+    "manifest_name",
     "read_manifest",
     "write_bytes",
     "write_manifest",
 ]
 
 MANIFEST_NAME = "hasten_manifest.json"
+_PART_MANIFEST = re.compile(r"^hasten_manifest_(\d+)\.json$")
 _FORMAT = 2
+
+
+def manifest_name(owner: int) -> str:
+    """The manifest's name in a folder whose lowest writing rank is ``owner``."""
+    return MANIFEST_NAME if owner == 0 else f"hasten_manifest_{owner}.json"
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -85,7 +98,9 @@ def write_bytes(folder: Path, name: str, data: bytes) -> FileRecord:
     return FileRecord(name, len(data), tuple(checksum.block_digests(data, checksum.BLOCK_BYTES)))
 
 
-def write_manifest(folder: Path, records: list[FileRecord], extra: dict[str, Any]) -> None:
+def write_manifest(
+    folder: Path, records: list[FileRecord], extra: dict[str, Any], name: str = MANIFEST_NAME
+) -> None:
     """Write the manifest last into a staging folder: its presence marks the folder complete.
 
     No temporary file is needed: nothing reads a staging folder before it is renamed into
@@ -101,7 +116,7 @@ def write_manifest(folder: Path, records: list[FileRecord], extra: dict[str, Any
         "files": [r.to_json() for r in sorted(records, key=lambda r: r.name)],
         **extra,
     }
-    with open(folder / MANIFEST_NAME, "wb") as handle:
+    with open(folder / name, "wb") as handle:
         handle.write(json.dumps(payload, indent=1).encode())
         handle.flush()
         os.fsync(handle.fileno())
@@ -127,21 +142,63 @@ def _parse(path: Path) -> dict[str, Any]:
     return manifest
 
 
+def _part_manifests(folder: Path) -> list[Path]:
+    """The manifests of other folders of the same save copied into ``folder``, by rank."""
+    parts = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            match = _PART_MANIFEST.match(entry.name)
+            if match:
+                parts.append((int(match.group(1)), folder / entry.name))
+    return [path for _, path in sorted(parts)]
+
+
+def _merge(manifests: list[dict[str, Any]], paths: list[Path]) -> dict[str, Any]:
+    """One manifest of several folders' manifests of the same save (copied into one folder)."""
+    merged = dict(manifests[0])
+    files = dict(merged["files"])
+    for manifest, path in zip(manifests[1:], paths[1:]):
+        if manifest.get("save") != merged.get("save"):
+            raise CorruptCheckpointError(
+                f"{path} belongs to another save than {paths[0]}: this folder mixes files of "
+                "two checkpoints. Copy together only the folders of one save."
+            )
+        for name, record in manifest["files"].items():
+            files.setdefault(name, record)
+    merged["files"] = files
+    return merged
+
+
+def _read(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest, several merged into one, or None when it has none."""
+    main = folder / MANIFEST_NAME
+    if main.is_file():
+        manifest = _parse(main)
+        if "processes" not in manifest:  # one folder for every process: the only manifest
+            return manifest
+        paths = [main, *_part_manifests(folder)]
+        return _merge([manifest, *(_parse(p) for p in paths[1:])], paths)
+    paths = _part_manifests(folder)
+    return _merge([_parse(p) for p in paths], paths) if paths else None
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
     """Read and check the manifest of ``folder``: every listed file present with its size.
 
+    Several manifests (folders of one save that processes did not share, copied together) are
+    read as one.
+
     Raises:
-        CorruptCheckpointError: no manifest (the save never finished), or a file is missing or
-            has the wrong size.
+        CorruptCheckpointError: no manifest (the save never finished), a file is missing or has
+            the wrong size, or the manifests are of different saves.
     """
-    path = folder / MANIFEST_NAME
-    if not path.is_file():
+    manifest = _read(folder)
+    if manifest is None:
         raise CorruptCheckpointError(
             f"{folder} is not a complete hasten checkpoint: {MANIFEST_NAME} is missing (the save "
             "was interrupted, or the folder was not written by hasten). Load an earlier "
             "checkpoint, or pass strict=False to load what is there without verification."
         )
-    manifest = _parse(path)
     for record in manifest["files"].values():
         target = folder / record.name
         if not target.is_file():

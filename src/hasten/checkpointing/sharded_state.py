@@ -34,7 +34,6 @@ from hasten.state import PartialState
 
 __all__ = [
     "StagedParts",
-    "background_group",
     "load_sharded_parts",
     "make_part_folders",
     "optimizer_owner",
@@ -142,18 +141,6 @@ def _set_states(
             engine.load_optimizer_state_dict(owners[index], optimizer, loaded, full=False)
 
 
-def background_group(holder: Any) -> Any:
-    """The gloo group a background sharded save coordinates over, made once per ``holder``.
-
-    Every process calls it together (making a group is collective); None without a group.
-    """
-    if not _distributed():
-        return None
-    if getattr(holder, "group", None) is None:
-        holder.group = dist.new_group(backend="gloo")
-    return holder.group
-
-
 @dataclass
 class StagedParts:
     """The sharded parts of one save: copied now, or (optimizer states) on the writer thread."""
@@ -174,9 +161,6 @@ class StagedParts:
         mine, everyone = write_sharded_parts(
             plan.staging, parts, group=group, also=lambda: write_jobs(plan)
         )
-        if plan.save_on_each_node:  # several writers: records go through the staging folder
-            plan.prewritten = mine
-            return
         plan.prewritten = everyone if plan.rank == 0 else mine
         plan.collected = True
 

@@ -23,19 +23,24 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from hasten.checkpointing import layout
+from hasten.checkpointing.agreement import (
+    agree_on_outcome,
+    background_comm,
+    background_group,
+    missing_files,
+    next_token,
+    require_one_folder,
+)
 from hasten.checkpointing.engine import EngineCheckpoint, EngineFiles, load_engine_checkpoint
-from hasten.checkpointing.io import load, save
-from hasten.checkpointing.layout import custom_object_file
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
 from hasten.checkpointing.reader import CheckpointReader, PendingRead
 from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
 from hasten.checkpointing.sharded_state import (
-    background_group,
     load_sharded_parts,
     make_part_folders,
     optimizer_owner,
@@ -51,29 +56,23 @@ from hasten.checkpointing.writer import (
     Snapshot,
     model_jobs,
     pickle_job,
-    prepare_staging,
     run_plan,
-    run_pre_hooks,
     safetensors_job,
     start_adopting,
     start_jobs,
 )
 from hasten.core.errors import CheckpointNotFoundError
 from hasten.core.nested import recursively_apply
-from hasten.ops.collectives import gather_object, reduce
+from hasten.ops.comm import current_comm
 from hasten.optimizer import unwrap_optimizer
-from hasten.state import PartialState
+from hasten.state import PartialState, recorder
 from hasten.strategies import Strategy
 
 __all__ = [
     "CheckpointContents",
     "finish_async_save",
-    "load_accelerator_state",
     "load_contents",
-    "load_custom_state",
-    "save_accelerator_state",
     "save_contents",
-    "save_custom_state",
 ]
 
 
@@ -220,7 +219,7 @@ def save_contents(
     """
     self_writing = _self_writing_engine(contents)
     state = PartialState()
-    is_writer = state.is_local_main_process if save_on_each_node else state.is_main_process
+    token = next_token()  # every process, first: the save's name and staging folder
     buffers = (host_buffers or HostBuffers()) if async_save else None
     if buffers is not None:
         buffers.begin()
@@ -231,34 +230,31 @@ def save_contents(
         final=Path(output_dir).absolute(),
         rank=state.process_index,
         num_processes=state.num_processes,
-        is_writer=is_writer,
+        is_writer=state.is_local_main_process if save_on_each_node else state.is_main_process,
+        token=token,
         total_limit=total_limit,
         project_dir=project_dir,
-        save_on_each_node=save_on_each_node,
     )
-    staging_ready = run_pre_hooks(plan, state.wait_for_everyone, pre_hooks)
-    if is_writer:
-        states = [copy(s) for s in contents.model_states]
-        plan.jobs = model_jobs(states, safe_serialization)
-        plan.jobs += _shared_jobs(contents, copy, deferred)
-    if _shards_parameters(contents):
-        _warn_sharded_gradients(contents.models)
-    else:
-        plan.jobs += _gradient_jobs(contents.models, state.process_index, copy)
-    rng = {**capture_rng_state(), "step": step}
-    plan.jobs.append(pickle_job(layout.rng_file(state.process_index), rng))
     plan.extra = {"step": step, "num_processes": state.num_processes}
+    _claim_staging(plan, contents, save_on_each_node)
+    try:
+        if pre_hooks is not None and plan.failure is None:
+            # the user's save pre-hooks write into the staging folder: their files are
+            # published with the checkpoint (listed by the folder's owner), and model states
+            # they remove are not saved
+            pre_hooks(plan.staging)
+            plan.adopt_unlisted = True
+        _plan_jobs(plan, contents, copy, deferred, step, safe_serialization)
+    except Exception as exc:  # noqa: BLE001 - the agreement tells every process, then raises
+        if self_writing is not None or _sharded(contents):
+            raise
+        plan.failure, plan.jobs = exc, []
     staged = stage_sharded(contents, copy, deferred) if _sharded(contents) else None
     if buffers is not None:
         buffers.finish()  # device copies landed: training may change the originals now
-    if not staging_ready:
-        prepare_staging(plan)
-    if self_writing is not None:  # its own first barrier comes after the folder is made
+    recorder.note(f"save_state: writing {_names(plan)} into {plan.staging}")
+    if self_writing is not None:
         _engine_save(self_writing, plan, buffers)
-    elif staged is None or save_on_each_node:
-        # the staging folder exists before anyone writes into it (a sharded save needs no
-        # barrier: DCP's planning exchange comes after the main process made the folders)
-        state.wait_for_everyone()
     if staged is not None:  # collective: every process writes its shards, in parallel
         if state.is_main_process:
             make_part_folders(plan.staging, staged.names)
@@ -268,42 +264,92 @@ def save_contents(
         try:
             staged.write(plan, None, None)
         except Exception as exc:  # noqa: BLE001 - nothing is published; every process raises
-            if is_writer:
-                shutil.rmtree(plan.staging, ignore_errors=True)
-            _agree_on_outcome(state, exc)
+            shutil.rmtree(plan.staging, ignore_errors=True)
+            agree_on_outcome(exc)
             raise
-    if async_save:
+    if async_save:  # the agreement runs on the writer thread, over a group of its own
+        plan.comm = background_comm(buffers)
         return PendingSave(plan, deferred)
+    plan.comm = current_comm()
     try:
         final = run_plan(plan)
     except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
-        _agree_on_outcome(state, exc)
+        agree_on_outcome(exc)
         raise
-    _agree_on_outcome(state, None)  # published before any process goes on
+    agree_on_outcome(None)  # published before any process goes on
     return final
+
+
+def _claim_staging(plan: SavePlan, contents: CheckpointContents, save_on_each_node: bool) -> None:
+    """Make this process's staging folder, claim it, and settle whether it writes the shared files.
+
+    Sharded and engine checkpoints need one folder every process writes: refused on every
+    process before anything is written otherwise, and then only the main process writes the
+    shared files. With ``save_on_each_node``, of several machines' writers that do share a
+    folder only the first writes them. A folder that cannot be made is kept as the plan's
+    failure, which the agreement tells every process. Ends with a barrier: every process's claim
+    is in place, so the claims each process sees in its folder are exactly who shares it.
+    """
+    state = PartialState()
+    recorder.note(f"save_state: making {plan.staging}")
+    try:
+        plan.agreement.claim()
+    except OSError as exc:
+        plan.failure = OSError(exc.errno, f"Cannot make the checkpoint folder: {exc}")
+    self_writing = _self_writing_engine(contents)
+    if self_writing is not None or _sharded(contents):
+        what = "A sharded checkpoint" if self_writing is None else "A DeepSpeed checkpoint"
+        try:
+            require_one_folder(plan.agreement, what, plan.failure)
+        finally:
+            recorder.note(None)
+        plan.is_writer = state.is_main_process
+    else:
+        state.wait_for_everyone()  # every claim is in place before any process looks for one
+        if plan.failure is None and plan.is_writer and save_on_each_node:
+            plan.is_writer = state.num_processes == 1 or plan.agreement.take_shared_files()
+
+
+def _plan_jobs(
+    plan: SavePlan,
+    contents: CheckpointContents,
+    copy: Callable[[Any], Any],
+    deferred: Snapshot | None,
+    step: int,
+    safe_serialization: bool,
+) -> None:
+    """The files this process writes: the shared ones (if it is a writer), then its own."""
+    if plan.failure is not None:
+        return
+    if plan.is_writer:
+        states = [copy(s) for s in contents.model_states]
+        plan.jobs = model_jobs(states, safe_serialization)
+        plan.jobs += _shared_jobs(contents, copy, deferred)
+        plan.shared_names = [job.name for job in plan.jobs]
+    if _shards_parameters(contents):
+        _warn_sharded_gradients(contents.models)
+    else:
+        plan.jobs += _gradient_jobs(contents.models, plan.rank, copy)
+    rng = {**capture_rng_state(), "step": step}
+    plan.jobs.append(pickle_job(layout.rng_file(plan.rank), rng))
 
 
 def _engine_save(engine: EngineCheckpoint, plan: SavePlan, buffers: HostBuffers | None) -> None:
     """The engine writes its files through hasten's writer (copies them, when asynchronous).
 
-    The engine's ``save_checkpoint`` starts with a barrier after the main process made the
-    staging folder and ends with one after every process wrote its files, so no barrier of
-    hasten's is needed: a failure to write a file is reported through the record files and
-    the outcome every process agrees on after publishing.
+    Every process's staging folder exists (`require_one_folder` made sure it is the same one),
+    so hasten's own files are written beside the engine's from the start. A failure to write a
+    file is reported in the agreement every process joins after writing.
     """
     if buffers is not None:
         files = EngineFiles(plan.staging, buffers.copy)
     else:
-        # hasten's own files are written beside the engine's: on the main process now (it
-        # made the folder), elsewhere once the engine's first barrier has passed
-        files = EngineFiles(plan.staging, on_first_write=lambda: start_jobs(plan))
-        if plan.is_writer:
-            start_jobs(plan)
+        files = EngineFiles(plan.staging)
+        start_jobs(plan)
     try:
         engine.save_checkpoint(plan.staging, files)
     except BaseException:
-        if plan.is_writer:
-            shutil.rmtree(plan.staging, ignore_errors=True)
+        shutil.rmtree(plan.staging, ignore_errors=True)
         raise
     if buffers is not None:
         plan.jobs += [FileJob(name, write) for name, write in files.jobs()]
@@ -312,6 +358,12 @@ def _engine_save(engine: EngineCheckpoint, plan: SavePlan, buffers: HostBuffers 
         start_adopting(plan, _engine_written_top_level(plan))
     plan.engine_files = files
     plan.adopt_unlisted = True
+
+
+def _names(plan: SavePlan) -> str:
+    """The files this process writes, for the hang recorder's report."""
+    names = [job.name for job in plan.jobs]
+    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
 
 
 def _engine_written_top_level(plan: SavePlan) -> list[str]:
@@ -340,32 +392,10 @@ def finish_async_save(pending: PendingSave) -> Path:
         pending.wait()
     except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
         error = exc
-    _agree_on_outcome(PartialState(), error)
+    agree_on_outcome(error)
     if error is not None:
         raise error
     return pending.plan.final
-
-
-def _agree_on_outcome(
-    state: PartialState,
-    error: BaseException | None,
-    outcome: str = "The checkpoint was not published",
-) -> None:
-    """Wait for every process; if another one failed (to save, to verify), raise here too.
-
-    The exchange doubles as the barrier after publishing, so a failure on one process never
-    leaves the others blocked in a later collective.
-    """
-    if state.num_processes == 1:
-        return
-    # one small reduction when every process succeeded (the usual case); names only on failure
-    failed = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=state.device)
-    if int(reduce(failed, "max").item()) == 0:
-        return
-    mine = [f"process {state.process_index}: {error}"] if error is not None else []
-    failures = [f for f in gather_object(mine) if f not in mine]
-    if failures and error is None:
-        raise RuntimeError(f"{outcome}: " + "; ".join(failures))
 
 
 def _warn_or_raise(part: str, exc: BaseException, strict: bool) -> None:
@@ -374,7 +404,7 @@ def _warn_or_raise(part: str, exc: BaseException, strict: bool) -> None:
         raise RuntimeError(
             message + " (pass strict=False to skip this part with a warning)"
         ) from exc
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _open_manifest(folder: Path, strict: bool) -> dict[str, Any] | None:
@@ -388,7 +418,7 @@ def _open_manifest(folder: Path, strict: bool) -> dict[str, Any] | None:
     except CorruptCheckpointError as exc:
         if strict:
             raise
-        warnings.warn(f"{exc} Loading without verification.", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{exc} Loading without verification.", RuntimeWarning, stacklevel=4)
         return None
 
 
@@ -445,7 +475,7 @@ def _apply_model(
     if problem:
         own = model.state_dict()
         state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
-        warnings.warn(f"Model {index}: loading matching keys only ({problem}).", stacklevel=3)
+        warnings.warn(f"Model {index}: loading matching keys only ({problem}).", stacklevel=4)
     model.load_state_dict(state, strict=strict)
 
 
@@ -506,16 +536,43 @@ def load_contents(
 ) -> dict[str, Any]:
     """Restore ``contents`` from a checkpoint; return the saved attributes (``{"step": ...}``).
 
+    Every process must call this: they agree on the outcome, so a process that cannot load
+    makes every other one raise too (naming it), instead of leaving them to wait for it in the
+    next collective.
+
     Raises:
         CheckpointNotFoundError: (a ValueError, as in Accelerate, and a FileNotFoundError)
-            ``input_dir`` does not exist.
+            ``input_dir`` does not exist, or lacks files this process needs (the processes
+            did not share one folder when saving: the message says where they were written).
         CorruptCheckpointError: partial or damaged checkpoint (names the file).
         ValueError: a different model or a different number of prepared/registered objects.
         RuntimeError: a part (RNG, sampler, scaler, custom object, ...) could not be restored;
-            with ``strict=False`` each such part warns instead.
+            with ``strict=False`` each such part warns instead; or another process could not
+            load.
     """
-    folder = Path(input_dir)
+    recorder.note(f"load_state: reading {Path(input_dir).absolute()}")
+    error: Exception | None = None
+    try:
+        attributes = _load_contents(Path(input_dir), contents, map_location, strict)
+    except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
+        error = exc
+    try:
+        agree_on_outcome(error, "The checkpoint was not loaded")
+    finally:
+        recorder.note(None)
+    if error is not None:
+        raise error
+    return attributes
+
+
+def _load_contents(
+    folder: Path, contents: CheckpointContents, map_location: Any, strict: bool
+) -> dict[str, Any]:
     manifest = _open_manifest(folder, strict)
+    if manifest is not None:
+        missing = missing_files(folder, manifest, PartialState().process_index)
+        if missing is not None:
+            raise CheckpointNotFoundError(missing)
     _check_counts(folder, contents)
     self_writing = _self_writing_engine(contents)
     if self_writing is not None:
@@ -580,9 +637,9 @@ def _restore(
 
 
 def _agree_on_load(error: BaseException | None) -> None:
-    """Every process learns whether any could not verify its engine files (see _agree_on_outcome)."""
+    """Every process learns whether any could not verify its engine files (see agree_on_outcome)."""
     try:
-        _agree_on_outcome(PartialState(), error, "The checkpoint was not loaded")
+        agree_on_outcome(error, "The checkpoint was not loaded")
     except RuntimeError as exc:
         raise CorruptCheckpointError(str(exc)) from exc
 
@@ -659,132 +716,3 @@ def _load_rng(files: CheckpointReader, rng: Any, strict: bool) -> int:
     step = int(rng.pop("step", saved_step))
     restore_rng_state(rng, strict=strict)
     return step
-
-
-def save_accelerator_state(
-    output_dir: str | os.PathLike[str],
-    model_states: list[dict[str, torch.Tensor]],
-    optimizers: list[Any],
-    schedulers: list[Any],
-    dataloaders: list[Any],
-    process_index: int,
-    step: int,
-    scaler: Any | None = None,
-    save_on_each_node: bool = False,
-    safe_serialization: bool = True,
-) -> Path:
-    """Accelerate's signature over `save_contents`: write a complete checkpoint, on every process.
-
-    Args:
-        output_dir: the checkpoint folder (published atomically when complete).
-        model_states: each model's state dict.
-        optimizers, schedulers, dataloaders: the objects whose state is saved.
-        process_index: this process's index (must match the running job's).
-        step: the training step, restored by `load_accelerator_state`.
-        scaler: the AMP grad scaler, if any.
-        save_on_each_node: write on every node's local main process, not only the main one.
-        safe_serialization: model weights as safetensors (else torch pickles).
-
-    Raises:
-        ValueError: `process_index` is not this process's index.
-    """
-    _check_process_index(process_index)
-    contents = CheckpointContents(
-        model_states=list(model_states),
-        optimizers=list(optimizers),
-        schedulers=list(schedulers),
-        dataloaders=list(dataloaders),
-        scaler=scaler,
-    )
-    result = save_contents(
-        output_dir,
-        contents,
-        step=step,
-        safe_serialization=safe_serialization,
-        save_on_each_node=save_on_each_node,
-    )
-    return cast(Path, result)
-
-
-_MAP_LOCATIONS = (None, "cpu", "on_device")
-
-
-def load_accelerator_state(
-    input_dir: str | os.PathLike[str],
-    models: list[torch.nn.Module],
-    optimizers: list[Any],
-    schedulers: list[Any],
-    dataloaders: list[Any],
-    process_index: int,
-    scaler: Any | None = None,
-    map_location: Any = None,
-    load_kwargs: dict[str, Any] | None = None,
-    **load_model_func_kwargs: Any,
-) -> dict[str, Any]:
-    """Accelerate's signature over `load_contents`: restore a checkpoint; return ``{"step": ...}``.
-
-    Args:
-        map_location: where optimizer states load, None/"cpu" or "on_device" (this process's
-            device).
-        load_kwargs: options for reading the non-model files; files are always read with
-            ``weights_only=True`` semantics, so only ``{"weights_only": True}`` is accepted.
-        **load_model_func_kwargs: ``strict=`` for the models' ``load_state_dict`` (default True).
-
-    Raises:
-        TypeError: an unsupported `map_location`, `load_kwargs` entry or model-loading option.
-        ValueError: `process_index` is not this process's index (and see `load_contents`).
-    """
-    _check_process_index(process_index)
-    if map_location not in _MAP_LOCATIONS:
-        raise TypeError(
-            f"Unsupported optimizer map location {map_location!r}; choose one of None, 'cpu' "
-            "or 'on_device'."
-        )
-    location = PartialState().device if map_location == "on_device" else "cpu"
-    unsupported = {k: v for k, v in (load_kwargs or {}).items() if (k, v) != ("weights_only", True)}
-    if unsupported:
-        raise TypeError(
-            f"load_kwargs {unsupported} are not supported: hasten reads checkpoint files only "
-            "through its safe loader (weights_only=True). Drop them."
-        )
-    strict = load_model_func_kwargs.pop("strict", True)
-    if load_model_func_kwargs:
-        raise TypeError(
-            f"Unsupported model loading options {sorted(load_model_func_kwargs)}; only strict= "
-            "is accepted."
-        )
-    contents = CheckpointContents(
-        models=list(models),
-        optimizers=list(optimizers),
-        schedulers=list(schedulers),
-        dataloaders=list(dataloaders),
-        scaler=scaler,
-    )
-    return load_contents(input_dir, contents, map_location=location, strict=bool(strict))
-
-
-def _check_process_index(process_index: int) -> None:
-    actual = PartialState().process_index
-    if process_index != actual:
-        raise ValueError(
-            f"process_index={process_index} but this is process {actual}; pass "
-            "PartialState().process_index (each process saves its own RNG state)."
-        )
-
-
-def save_custom_state(obj: Any, path: str, index: int = 0, save_on_each_node: bool = False) -> None:
-    """Save ``obj.state_dict()`` to ``{path}/custom_checkpoint_{index}.pkl`` (as `save_state` does)."""
-    target = Path(path) / custom_object_file(index)
-    logger.info("Saving the state of %s to %s", type(obj).__qualname__, target)
-    save(obj.state_dict(), target, save_on_each_node=save_on_each_node)
-
-
-def load_custom_state(obj: Any, path: str, index: int = 0) -> None:
-    """Load ``{path}/custom_checkpoint_{index}.pkl`` into ``obj.load_state_dict``.
-
-    Read with the safe loader (plain data and tensors); a state needing arbitrary pickled
-    objects is refused with `UnsafeCheckpointError`.
-    """
-    source = Path(path) / custom_object_file(index)
-    logger.info("Loading the state of %s from %s", type(obj).__qualname__, source)
-    obj.load_state_dict(load(source, map_location="cpu"))

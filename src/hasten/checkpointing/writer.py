@@ -1,23 +1,19 @@
 """Writing a checkpoint: plan the files, write them (inline or on a thread), publish atomically.
 
-Every process writes its share into the staging folder and then a small ``.records_<rank>.json``
-listing what it wrote (size, block checksums). The main process waits for every rank's record file, writes
-the manifest and renames the folder into place. Coordinating through files rather than
-collectives lets the same code run on a background thread (``async_save``) without ever issuing a
-collective beside the training loop's.
+Every process writes its share into the staging folder of the folder it was given, then the
+processes agree over the process group on what each wrote and where
+(`hasten.checkpointing.agreement`): each folder's owner (the lowest rank writing there) collects
+its members' records (size, block checksums), writes the manifest and renames the folder into
+place. A background save (``async_save``) agrees over a gloo group of its own, so its collective
+never interleaves with the training loop's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
-import os
 import shutil
-import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -27,6 +23,7 @@ from typing import Any
 import torch
 
 from hasten.checkpointing import layout
+from hasten.checkpointing.agreement import SaveAgreement
 from hasten.checkpointing.engine import (
     EngineFiles,
     engine_file_names,
@@ -34,9 +31,16 @@ from hasten.checkpointing.engine import (
     subdirectories,
 )
 from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory, fsync_path
-from hasten.checkpointing.manifest import ChecksumWriter, FileRecord, write_manifest
+from hasten.checkpointing.manifest import (
+    ChecksumWriter,
+    FileRecord,
+    manifest_name,
+    write_manifest,
+)
 from hasten.checkpointing.tensors import write_safetensors
 from hasten.core.nested import recursively_apply
+from hasten.ops.comm import Communicator
+from hasten.state import recorder
 
 __all__ = [
     "FileJob",
@@ -46,18 +50,12 @@ __all__ = [
     "Snapshot",
     "model_jobs",
     "pickle_job",
-    "prepare_staging",
     "run_plan",
-    "run_pre_hooks",
     "safetensors_job",
     "start_adopting",
     "start_jobs",
     "write_jobs",
 ]
-
-_RECORDS = ".records_{rank}.json"
-# How long the main process waits for the other ranks' record files before giving up.
-_PEER_TIMEOUT_S = 600.0
 
 
 class HostBuffers:
@@ -177,13 +175,15 @@ class SavePlan:
     final: Path
     rank: int
     num_processes: int
-    is_writer: bool
+    is_writer: bool  # writes the files every process reads (model, optimizer, ...)
+    token: str = ""  # names this save (`hasten.checkpointing.agreement.next_token`)
     jobs: list[FileJob] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     prewritten: list[FileRecord] = field(default_factory=list)  # e.g. this process's DCP shards
     total_limit: int | None = None
     project_dir: str | None = None
-    save_on_each_node: bool = False
+    #: The communicator the processes agree over (None: one process).
+    comm: Communicator | None = None
     #: The files this process's engine wrote through hasten (hashed while written).
     engine_files: EngineFiles | None = None
     #: The writer checksums every file no process listed (written by an engine itself).
@@ -193,13 +193,23 @@ class SavePlan:
     #: Files an engine wrote by itself that the writer began checksumming early.
     adopting: list[Future[FileRecord]] = field(default_factory=list)
     #: ``prewritten`` already holds every process's records (gathered by DCP on the main
-    #: process), so no record files are exchanged.
+    #: process, in the one folder every process writes), so no records are exchanged.
     collected: bool = False
+    #: The names of the files every process reads, when this process writes them.
+    shared_names: list[str] = field(default_factory=list)
+    #: Why this process cannot write its part (e.g. its folder cannot be made): it writes
+    #: nothing and tells the others in the agreement.
+    failure: Exception | None = None
 
     @property
     def staging(self) -> Path:
         """The hidden folder the files go to before the rename."""
-        return layout.staging_path(self.final)
+        return layout.staging_path(self.final, self.token)
+
+    @functools.cached_property
+    def agreement(self) -> SaveAgreement:
+        """How this save's processes agree on who wrote what, where."""
+        return SaveAgreement(self.token, self.rank, self.num_processes, self.staging, self.final)
 
 
 def _write_job(folder: Path, job: FileJob) -> FileRecord:
@@ -207,43 +217,6 @@ def _write_job(folder: Path, job: FileJob) -> FileRecord:
         writer = ChecksumWriter(EarlyWriteback(handle))
         job.write(writer)
     return writer.record(job.name)
-
-
-def _publish_records(plan: SavePlan, records: list[FileRecord], error: str | None = None) -> None:
-    payload: dict[str, Any] = {
-        "host": socket.gethostname(),
-        "files": [r.to_json() for r in records],
-    }
-    if error is not None:
-        payload["error"] = error
-    path = plan.staging / _RECORDS.format(rank=plan.rank)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
-
-
-def _collect_records(plan: SavePlan) -> list[FileRecord]:
-    deadline = time.monotonic() + _PEER_TIMEOUT_S
-    host = socket.gethostname()
-    records: list[FileRecord] = []
-    for rank in range(plan.num_processes):
-        path = plan.staging / _RECORDS.format(rank=rank)
-        while not path.exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"Process {rank} did not finish writing its part of {plan.final} within "
-                    f"{_PEER_TIMEOUT_S:.0f}s; the checkpoint was not published."
-                )
-            time.sleep(0.001)
-        payload = json.loads(path.read_text())
-        if "error" in payload:
-            raise RuntimeError(
-                f"Process {rank} could not write its part of {plan.final}: {payload['error']}. "
-                "The checkpoint was not published; earlier checkpoints are untouched."
-            )
-        if payload["host"] == host or not plan.save_on_each_node:
-            records += [FileRecord.from_json(f) for f in payload["files"]]
-    return records
 
 
 class _FileFailed(Exception):
@@ -347,18 +320,12 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
     except _FileFailed as failed:
         exc = failed.error
         message = f"{exc.strerror or exc} while writing {failed.name}"
-        with contextlib.suppress(OSError):  # tell the main process, if the disk still allows
-            _publish_records(plan, records, error=message)
         raise OSError(
             exc.errno,
             f"{message} of the checkpoint {plan.final}: it was not published and the earlier "
             "checkpoints are untouched. Free some space (or choose another folder) and save "
             "again.",
         ) from exc
-    except Exception as exc:
-        with contextlib.suppress(OSError):  # e.g. an object that cannot be serialised
-            _publish_records(plan, records, error=f"{type(exc).__name__}: {exc}")
-        raise
     return records
 
 
@@ -386,79 +353,83 @@ def _adopt_unlisted(
 
 
 def run_plan(plan: SavePlan, before: Callable[[], None] | None = None) -> Path:
-    """Run ``before`` (a deferred copy), write this process's files; on the writer, publish.
+    """Run ``before`` (a deferred copy), write this process's files, agree; owners publish.
 
-    On any failure the writer removes the staging folder, so nothing half-written remains, and
-    a failing process tells the writer instead of leaving it waiting.
+    Every process joins the agreement even when its own part failed, so the others learn of the
+    failure instead of waiting for it; on any failure nothing is published and the staging
+    folders are removed.
     """
     try:
         return _run_plan(plan, before)
     except BaseException:
-        if plan.is_writer:
-            shutil.rmtree(plan.staging, ignore_errors=True)
+        shutil.rmtree(plan.staging, ignore_errors=True)
+        plan.agreement.forget()  # no owner reads this process's records now
         raise
+    finally:
+        recorder.note(None)
 
 
 def _run_plan(plan: SavePlan, before: Callable[[], None] | None) -> Path:
-    if before is not None:
-        try:
+    failure: Exception | None = None
+    records: list[FileRecord] = []
+    try:
+        if before is not None:
             before()
-        except Exception as exc:
-            with contextlib.suppress(OSError):
-                _publish_records(plan, [], error=f"copying its state to host memory: {exc}")
-            raise
-    records = plan.prewritten + _write_all(plan)
-    if plan.collected:  # the main process already has every process's records
-        if not plan.is_writer:
+        if plan.failure is not None:
+            raise plan.failure
+        records = plan.prewritten + _write_all(plan)
+    except Exception as exc:  # noqa: BLE001 - told to every process, then raised here
+        failure = exc
+    if plan.collected:  # the one shared folder's records are all on the main process
+        if failure is not None:
+            raise failure
+        if plan.rank != 0:
             return plan.final
-        everyone = records
-    else:
-        _publish_records(plan, records)
-        if not plan.is_writer:
-            return plan.final
-        everyone = _collect_records(plan)
+        return _publish(plan, records, list(range(plan.num_processes)), {})
+    agreement = plan.agreement
+    if failure is None:
+        agreement.share(records)
+    recorder.note(f"save_state: wrote its files into {plan.staging}; agreeing with the others")
+    shared = set(plan.shared_names)
+    own = [r.name for r in records if r.name not in shared]
+    folders = agreement.agree(plan.comm, plan.shared_names, own, failure)
+    if failure is not None:
+        raise failure
+    failures = folders.failures()
+    if failures is not None:
+        raise RuntimeError(
+            f"{failures}. The checkpoint was not published; the earlier checkpoints are untouched."
+        )
+    if folders.owner(plan.rank) != plan.rank:
+        return plan.final
+    members = folders.members(plan.rank)
+    everyone = agreement.records_of(members)
+    extra = {} if folders.one_folder else {"processes": folders.processes()}
+    return _publish(plan, everyone, members, extra)
+
+
+def _publish(
+    plan: SavePlan, everyone: list[FileRecord], members: list[int], extra: dict[str, Any]
+) -> Path:
+    """On a folder's owner: list every file in the manifest, rename the folder into place."""
+    recorder.note(f"save_state: publishing {plan.final}")
     syncs: list[Future[None]] = []
     if plan.adopt_unlisted:
         adopted, syncs = _adopt_unlisted(plan, everyone)
         everyone += adopted
-    for rank in range(plan.num_processes):
-        (plan.staging / _RECORDS.format(rank=rank)).unlink(missing_ok=True)
+    plan.agreement.remove_claims(members)
     # the subfolders' entries (engine files, async jobs) are made durable once, here
     folders = subdirectories(plan.staging, [r.name for r in everyone])
     syncs += [file_threads().submit(fsync_directory, folder) for folder in folders]
-    write_manifest(plan.staging, everyone, plan.extra)
+    name = manifest_name(plan.rank)
+    write_manifest(plan.staging, everyone, {**plan.extra, "save": plan.token, **extra}, name)
     for future in syncs:
         future.result()
     layout.publish(plan.staging, plan.final)
+    layout.remove_stale_staging(plan.final)
     if plan.total_limit is not None and plan.project_dir is not None:
         layout.prune_checkpoints(plan.project_dir, plan.total_limit)
     return plan.final
-
-
-def prepare_staging(plan: SavePlan) -> None:
-    """Create an empty staging folder (writer only), removing one a crashed save left."""
-    if not plan.is_writer:
-        return
-    plan.final.parent.mkdir(parents=True, exist_ok=True)
-    if plan.staging.exists():
-        shutil.rmtree(plan.staging)
-    plan.staging.mkdir()
-
-
-def run_pre_hooks(
-    plan: SavePlan, barrier: Callable[[], None], pre_hooks: Callable[[Path], None] | None
-) -> bool:
-    """Run the user's save pre-hooks in the staging folder (made first); False without hooks.
-
-    What they write there is adopted into the checkpoint (``plan.adopt_unlisted``).
-    """
-    if pre_hooks is None:
-        return False
-    prepare_staging(plan)
-    barrier()  # the staging folder exists before any process's hook writes into it
-    pre_hooks(plan.staging)
-    plan.adopt_unlisted = True
-    return True
 
 
 class Snapshot:

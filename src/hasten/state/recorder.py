@@ -5,6 +5,10 @@ sequence number (about a hundred nanoseconds; the call site is read only on fail
 collective raises a timeout, each rank publishes what it was doing (operation, shapes, call site,
 sequence number) through the default process group's store, waits briefly for the other ranks'
 records, and raises a `CollectiveTimeoutError` whose message is a table of every rank's story.
+
+Longer operations that are not one collective (writing or reading a checkpoint) leave a `note`
+of the step and file they are at, in the same store, as they go: the report shows each rank's
+last note, so even a rank that died says where it got to.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = [
     "guarded",
     "is_peer_lost_error",
     "is_timeout_error",
+    "note",
     "reset",
     "sequence_number",
 ]
@@ -37,6 +42,7 @@ T = TypeVar("T")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _KEY = "hasten/flight/{rank}"
 _DONE = "hasten/flight/read"
+_NOTE = "hasten/flight/note/{rank}"
 # How long a rank that timed out waits for the others' records: the process-group timeout,
 # clamped to this range (peers blocked in a collective time out within about that long).
 REPORT_WAIT_S = (5.0, 60.0)
@@ -70,6 +76,41 @@ def reset() -> None:
     """Restart the per-process sequence numbering (tests call this between runs)."""
     global _seq
     _seq = 0
+
+
+def note(step: str | None) -> None:
+    """Leave word of what this process is doing now (None: nothing worth reporting).
+
+    One store write when several processes share a group (nothing otherwise); a report raised
+    on any rank later shows every rank's last note, even that of a rank that has died since.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(_NOTE.format(rank=dist.get_rank()), step or "")
+    except Exception:  # noqa: BLE001 - a note only helps a report; never fail the work for it
+        pass
+
+
+def _notes(world_size: int) -> dict[int, str]:
+    """Every rank's last `note` that says something."""
+    import torch.distributed as dist
+
+    found: dict[int, str] = {}
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        for rank in range(world_size):
+            key = _NOTE.format(rank=rank)
+            if store.check([key]):
+                text = bytes(store.get(key)).decode()
+                if text:
+                    found[rank] = text
+    except Exception:  # noqa: BLE001 - the store's host may be gone; report what was read
+        pass
+    return found
 
 
 def sequence_number() -> int:
@@ -222,7 +263,15 @@ def _explain(op: str, shapes: str, site: str, seq: int, err: BaseException) -> E
     mine = FlightRecord(rank=rank, op=op, shapes=shapes, site=site, seq=seq)
     low, high = REPORT_WAIT_S
     wait_s = low if timeout is None else min(high, max(low, timeout))
+    if is_peer_lost_error(err):
+        # the peers still in a collective lose the same connection within milliseconds and
+        # report at once; waiting longer would only wait for the one that is gone
+        wait_s = low
     records, note = _collect(mine, world_size, wait_s)
+    notes = _notes(world_size)
+    steps = "".join(f"\n  rank {r}: {text}" for r, text in sorted(notes.items()))
+    if steps:
+        steps = "\nWhere each rank got to (its last step):" + steps
     silent = [r for r in range(world_size) if r not in records]
     after = f" after {timeout:g}s" if timeout is not None else ""
     hint = (
@@ -238,7 +287,7 @@ def _explain(op: str, shapes: str, site: str, seq: int, err: BaseException) -> E
     )
     message = (
         f"Collective `{op}` {what} on rank {rank}. What each rank was doing:\n"
-        f"{_table(records, world_size)}{hint}{note}\n"
+        f"{_table(records, world_size)}{hint}{steps}{note}\n"
         "Every rank must call the same collectives in the same order with matching shapes. "
         "Raise the limit with InitProcessGroupKwargs(timeout=...) if the work is just slow; "
         f"run with ACCELERATE_DEBUG_MODE=1 to check shapes before each collective.\n"

@@ -244,7 +244,10 @@ def test_manager_automatic_naming_total_limit_and_newest(tmp_path: Path) -> None
     handle.remove()
     manager.save_state(None, _contents(model, opt, sched, counter), [model], step=3)
     # the hooks write into the checkpoint's staging folder, published with it
-    assert [Path(d).name for d in seen] == [f".checkpoint_{i}.partial" for i in range(3)]
+    # (a staging folder named after the checkpoint and the save: .checkpoint_<i>.<save>.partial)
+    names = [Path(d).name for d in seen]
+    assert [n.split(".")[1] for n in names] == [f"checkpoint_{i}" for i in range(3)]
+    assert all(n.startswith(".") and n.endswith(".partial") for n in names)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["checkpoint_2", "checkpoint_3"]
 

@@ -123,15 +123,6 @@ def test_a_decoupled_deepspeed_writer_is_refused_naming_the_setting() -> None:
     check_checkpoint_engine(_Engine())  # a synchronous one is fine
 
 
-def test_on_first_write_runs_once_before_the_first_engine_file(tmp_path: Path) -> None:
-    seen: list[bool] = []
-    files = EngineFiles(tmp_path, on_first_write=lambda: seen.append((tmp_path / "a.pt").exists()))
-    for name in ("a.pt", "b.pt"):
-        files.write(str(tmp_path / name), {"x": 1}, lambda obj, handle: torch.save(obj, handle))
-    assert seen == [False]  # once, before a.pt was written
-    assert [r.name for r in files.finish()] == ["a.pt", "b.pt"]
-
-
 def _engine_checkpoint(folder: Path) -> dict[str, Any]:
     """A checkpoint folder with two engine files in a tag folder, and its manifest."""
     (folder / "tag").mkdir(parents=True)
