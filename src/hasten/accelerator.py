@@ -1452,9 +1452,10 @@ class Accelerator:
         self._trackers.log(values, step=step, log_kwargs=log_kwargs)
 
     def end_training(self) -> None:
-        """Finish pending saves and the trackers, then destroy the process group (as Accelerate).
+        """Finish pending saves and the trackers, then destroy the process group hasten made.
 
-        Every process waits for the others first, so none tears the group down under a peer.
+        Every process waits for the others first, so none tears the group down under a peer. A
+        group made before the Accelerator (by Ray Train, or by the user) is left to its owner.
         """
         if self._checkpoint_manager is not None:
             self._checkpoint_manager.finish()
@@ -1462,7 +1463,8 @@ class Accelerator:
             self._tracker_manager.finish()
         self.wait_for_everyone()
         self.strategy.release()  # engines (DeepSpeed) go before the group they use
-        self.state.destroy_process_group()
+        if self.state.owns_process_group:
+            self.state.destroy_process_group()
 
     def __repr__(self) -> str:
         return (

@@ -1,4 +1,4 @@
-"""end_training() destroys the process group (as Accelerate's does); later calls behave sensibly."""
+"""end_training() destroys the process group hasten made; later calls behave sensibly."""
 
 from __future__ import annotations
 
@@ -62,3 +62,31 @@ def test_end_training_destroys_the_group_and_a_new_accelerator_restarts_it(
         assert out["restarted"] is True
         assert out["gathered"] == [0.0, 1.0]
         assert out["after_second_end"] is False
+
+
+def _adopted_group() -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from hasten import Accelerator
+
+    dist.init_process_group("gloo")  # made by its owner (Ray Train, or the user) first
+    world = dist.group.WORLD
+    acc = Accelerator(cpu=True)
+    total = acc.reduce(torch.ones(1), "sum")
+    acc.end_training()
+    out = {
+        "owns": acc.state.owns_process_group,
+        "same_group": dist.group.WORLD is world,  # adopted, not made again
+        "sum": total.tolist(),
+        "alive_after_end": dist.is_initialized(),
+    }
+    dist.barrier()  # the owner still uses it
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_end_training_leaves_a_group_it_did_not_make_to_its_owner() -> None:
+    for out in run_distributed(_adopted_group, world_size=2, timeout=90):
+        assert out == {"owns": False, "same_group": True, "sum": [2.0], "alive_after_end": True}

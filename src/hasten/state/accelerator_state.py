@@ -363,6 +363,11 @@ class AcceleratorState(SharedState):
         return self._process.use_distributed
 
     @property
+    def owns_process_group(self) -> bool:
+        """Whether hasten made the process group (not Ray Train or the user)."""
+        return self._partial.owns_process_group
+
+    @property
     def is_last_process(self) -> bool:
         """Whether this is the process with the highest index."""
         return self._process.is_last_process

@@ -3,13 +3,22 @@
 The first `PartialState()` detects the run (`hasten.state.detect.detect_run`), creates the
 process group and picks the device; every later `PartialState()` costs well under a
 microsecond and every property is a plain attribute read, so hot paths may create it freely.
+
+A process group that already exists (made by Ray Train, or by the user) is adopted: hasten
+neither makes it again nor destroys it in `Accelerator.end_training`. A gloo group hasten made
+is destroyed when the interpreter exits, if nothing did so before: left to the interpreter's
+own teardown, its threads (gloo's loop and workers, the store's server on rank 0) were still
+running while the objects around them were destroyed, and a finished job could end with
+SIGABRT ("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -130,6 +139,34 @@ def _init_process_group(spec: RunSpec, backend: str, kwargs: dict[str, Any]) -> 
     dist.init_process_group(backend=backend, **kwargs)
 
 
+# The gloo group hasten made, held weakly: destroyed at interpreter exit if still alive.
+_made_group: list[Callable[[], Any]] = []
+
+
+def _destroy_made_group() -> None:
+    """At interpreter exit: destroy the gloo group hasten made, if it is still the live one."""
+    if not _made_group:
+        return
+    group = _made_group[0]()
+    if group is None or not dist.is_initialized() or group is not dist.group.WORLD:
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - exiting anyway; a torn group must not mask the exit code
+        logger.debug("Destroying the process group at exit failed", exc_info=True)
+
+
+atexit.register(_destroy_made_group)
+
+
+def _remember_made_group(backend: str) -> None:
+    # Only gloo: destroying an NCCL group at exit waits for its pending work, which a job
+    # exiting on an error may never finish; torch handles NCCL's at-exit teardown itself.
+    world = dist.group.WORLD
+    if world is not None and backend.split(":")[-1].endswith("gloo"):
+        _made_group[:] = [weakref.ref(world)]
+
+
 def _default_store() -> Any:
     """The default group's store (torch keeps it private; None where that changes)."""
     getter = getattr(dist.distributed_c10d, "_get_default_store", None)
@@ -236,6 +273,7 @@ class PartialState(SharedState):
     _main_is_last: bool
     _group_kwargs: dict[str, Any]
     _group_destroyed: bool
+    _owns_group: bool
 
     # Rebuilt when unpickled: the barrier may be a closure, the store and group arguments
     # belong to this process's group.
@@ -276,8 +314,12 @@ class PartialState(SharedState):
                 envvars.write(name, value)
             if spec.device_type == "cpu":
                 _set_cpu_threads(spec.local_num_processes)
-            if not dist.is_initialized():
+            self._owns_group = not dist.is_initialized()
+            if self._owns_group:
                 _init_process_group(spec, spec.backend, dict(kwargs))
+                _remember_made_group(spec.backend)
+        else:
+            self._owns_group = False
         self._group_kwargs = dict(kwargs)
         self._group_destroyed = False
         self.debug = bool(envvars.setting("ACCELERATE_DEBUG_MODE"))
@@ -315,6 +357,14 @@ class PartialState(SharedState):
     def initialized(self) -> bool:
         """Whether the shared state has been set up."""
         return bool(self._shared_state)
+
+    @property
+    def owns_process_group(self) -> bool:
+        """Whether hasten made the process group (False when it adopted one Ray or the user made).
+
+        `Accelerator.end_training` destroys only a group hasten made.
+        """
+        return bool(self.__dict__.get("_owns_group"))
 
     @property
     def use_distributed(self) -> bool:
@@ -501,6 +551,8 @@ class PartialState(SharedState):
             kwargs["store"] = dist.PrefixStore(f"hasten_restart_{self._restarts}/", store)
             kwargs.pop("init_method", None)
         _init_process_group(spec, spec.backend, kwargs)
+        _remember_made_group(spec.backend)
+        self._owns_group = True
         self._barrier = _barrier_for(spec, self.device)
         self._group_destroyed = False
 
