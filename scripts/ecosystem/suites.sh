@@ -88,7 +88,7 @@ suite_dir() {
   case $1 in
     trl) echo "$WORK/src/trl" ;;
     peft*) echo "$WORK/src/peft-$PEFT_VERSION" ;;
-    diffusers) echo "$WORK/src/diffusers" ;;
+    diffusers*) echo "$WORK/src/diffusers" ;;
   esac
 }
 run() {  # suite side
@@ -105,6 +105,8 @@ run() {  # suite side
                      examples/dreambooth/test_dreambooth.py examples/dreambooth/test_dreambooth_lora.py
                      examples/custom_diffusion -k "not sdxl and not _if") ;;
   esac
+  # ECOSUITES_SELECT replaces the selection (pytest arguments, e.g. test ids) for a quicker run.
+  [[ -n ${ECOSUITES_SELECT:-} ]] && read -r -a args <<< "$ECOSUITES_SELECT"
   mkdir -p "$out"
   cd "$dir"
   # diffusers' example tests start `accelerate launch`: the venv's own command comes first.
