@@ -35,7 +35,7 @@ DIFFUSERS_REF=${DIFFUSERS_REF:-v0.40.0}
 PEFT_VERSION=${PEFT_VERSION:-0.21.2}
 TIMEOUT=${ECOSUITES_TIMEOUT:-600}   # seconds per test
 PKGS=(torch==2.13.0 transformers==5.24.0 "$TRL_SPEC" "peft==$PEFT_VERSION" diffusers==0.42.1
-      datasets pytest pytest-timeout parameterized scipy torchvision sentencepiece tensorboard)
+      datasets pytest pytest-timeout parameterized scipy torchvision sentencepiece tensorboard scikit-learn)
 
 export HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 WANDB_DISABLED=true WANDB_MODE=disabled
