@@ -12,6 +12,7 @@ hasten.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -21,11 +22,38 @@ __all__ = ["main", "outcomes"]
 
 
 def outcomes(paths: str) -> dict[str, tuple[str, str]]:
-    """``{test id: (outcome, message)}`` from comma-separated JUnit XML files."""
+    """``{test id: (outcome, message)}`` from comma-separated reports.
+
+    A report is a JUnit XML file, or ``RUN.log+ORDER.txt``: the progress characters of a ``-q``
+    run that was stopped before pytest wrote its XML, read against the ``--collect-only -q`` test
+    ids in run order (the outcome only; a teardown error's extra ``E`` would shift the rest).
+    """
     results: dict[str, tuple[str, str]] = {}
     for path in paths.split(","):
-        for test_id, result in _outcomes(Path(path)).items():
+        if "+" in path:
+            log, order = path.split("+", 1)
+            found = _progress_outcomes(Path(log), Path(order))
+        else:
+            found = _outcomes(Path(path))
+        for test_id, result in found.items():
             results.setdefault(test_id, result)
+    return results
+
+
+_PROGRESS = re.compile(r"^([.FEsxX]+)(\s+\[\s*\d+%\])?$")
+_CHARS = {".": "passed", "F": "failed", "E": "error", "s": "skipped", "x": "skipped", "X": "passed"}
+
+
+def _progress_outcomes(log: Path, order: Path) -> dict[str, tuple[str, str]]:
+    chars = "".join(
+        m.group(1) for line in log.read_text().splitlines() if (m := _PROGRESS.match(line.strip()))
+    )
+    ids = [line.strip() for line in order.read_text().splitlines() if "::" in line]
+    results = {}
+    for test_id, char in zip(ids, chars):
+        module, _, rest = test_id.partition("::")
+        classname = module.removesuffix(".py").replace("/", ".") + "." + rest.rpartition("::")[0]
+        results[f"{classname.rstrip('.')}::{rest.rpartition('::')[2]}"] = (_CHARS[char], "")
     return results
 
 
