@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,11 +48,19 @@ def _env() -> dict[str, str]:
 
 
 def _run(command: list[str], tmp: Path, timeout: int = 840) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        command, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
-    return result
+    """Run a launch in its own session: on a timeout its workers are stopped with it."""
+    with subprocess.Popen(
+        command, cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"timed out after {timeout} s:\n{stdout[-3000:]}{stderr[-6000:]}")
+    assert proc.returncode == 0, stdout[-4000:] + stderr[-8000:]
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def _launch_batch(
