@@ -48,13 +48,15 @@ pytest: $(STAMP) $(DS_OPS)
 # mypy (~1 min cold) and the DeepSpeed op build (~80 s) are each one core's work: run the checks
 # and the build side by side, then the tests (a failed check still stops before pytest).
 test: $(STAMP)
-	@$(MAKE) --no-print-directory -j3 lint typecheck layers $(DS_OPS)
-	@$(MAKE) --no-print-directory pytest
+	@$(MAKE) --no-print-directory -j3 lint typecheck layers docs $(DS_OPS)
+	@HASTEN_DOCS_SITE=$(abspath docs/_build/html) $(MAKE) --no-print-directory pytest
 
-# The documentation site, strictly (a warning fails the build; `make test` builds it too, in
-# tests/docs/test_site.py). Open docs/_build/html/index.html.
+# The documentation site, strictly (a warning fails the build), from scratch (-E: an incremental
+# build would not repeat the warnings of unchanged pages). Open docs/_build/html/index.html.
+# `make test` builds it beside the checks and tests/docs/test_site.py reads it
+# (HASTEN_DOCS_SITE); pytest alone builds its own.
 docs: $(STAMP)
-	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	$(BIN)/sphinx-build -W --keep-going -E -q -b html docs docs/_build/html
 
 bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

@@ -1,13 +1,15 @@
 """The documentation site: built strictly (a warning fails), with every public name in its API reference.
 
 The build is the one `make docs` runs (``sphinx-build -W``), into a temporary folder, once per
-session; ``objects.inv`` is the site's index of documented names.
+session, or the one `make test` just made with `make docs` (``HASTEN_DOCS_SITE``); ``objects.inv``
+is the site's index of documented names.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +40,10 @@ def _surface_file() -> Path:
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # `make test` has just built the site strictly (`make docs`, beside the other checks).
+    prebuilt = os.environ.get("HASTEN_DOCS_SITE")
+    if prebuilt and (Path(prebuilt) / "objects.inv").is_file():
+        return Path(prebuilt)
     out = tmp_path_factory.mktemp("site")
     result = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
