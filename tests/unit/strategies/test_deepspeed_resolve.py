@@ -54,6 +54,19 @@ def test_auto_values_are_filled_from_the_accelerator() -> None:
     assert config["gradient_clipping"] == 1.0  # Accelerate's value for "auto"
 
 
+def test_a_torch_optimizer_in_code_is_allowed_by_zero_as_in_accelerate() -> None:
+    # DeepSpeed refuses optimizers outside its tested list (SGD) without this flag
+    config = resolve_config(_plugin(train_micro_batch_size_per_gpu=2), _inputs())
+    assert config["zero_allow_untested_optimizer"] is True
+    model = _model()
+    dummy = DummyOptim(model.parameters(), lr=0.1)
+    plugin = _plugin(
+        train_micro_batch_size_per_gpu=2, optimizer={"type": "AdamW", "params": {"lr": "auto"}}
+    )
+    config = resolve_config(plugin, _inputs(model=model, optimizer=dummy))
+    assert "zero_allow_untested_optimizer" not in config  # DeepSpeed builds its own
+
+
 def test_dummy_optimizer_and_scheduler_fill_the_config_sections() -> None:
     model = _model()
     plugin = _plugin(

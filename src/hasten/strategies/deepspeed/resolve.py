@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
@@ -195,6 +196,10 @@ def resolve_config(plugin: DeepSpeedPlugin, inputs: EngineInputs) -> dict[str, A
     """
     config: dict[str, Any] = plugin.deepspeed_config
     _check_optimizer(config, inputs.optimizer)
+    if isinstance(inputs.optimizer, torch.optim.Optimizer):
+        # as Accelerate: ZeRO wraps any torch optimizer given in code (SGD, Lion...), where
+        # DeepSpeed alone refuses those outside its tested list
+        config["zero_allow_untested_optimizer"] = True
     _check_scheduler(config, inputs.scheduler)
     _check_accumulation(config, inputs.accumulation_steps)
     values = _auto_values(plugin, inputs)
