@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["capture_rng_state", "restore_rng_state"]
+__all__ = ["capture_rng_state", "has_saved_rng_state", "restore_rng_state"]
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -56,3 +56,23 @@ def restore_rng_state(states: dict[str, Any], strict: bool = True) -> None:
             if strict:
                 raise RuntimeError(message + " (pass strict=False to skip it)") from exc
             warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def has_saved_rng_state(manifest: dict[str, Any] | None, rank: int) -> bool:
+    """Whether process ``rank`` has RNG states in the checkpoint of ``manifest``; warns if not.
+
+    Each process restores its own ``random_states_<rank>.pkl``; a checkpoint loaded by more
+    processes than wrote it (a resharded resume) has none for the new ones. That is expected,
+    not damage: those processes keep their RNG states, and the warning says so.
+    """
+    saved = (manifest or {}).get("num_processes")
+    if saved is None or rank < saved:  # (None: not recorded, e.g. written by Accelerate)
+        return True
+    warnings.warn(
+        f"The checkpoint was saved by {saved} process(es), so process {rank} has no saved RNG "
+        "states; it keeps its current ones (models and optimizers are resharded). Load on "
+        f"{saved} process(es) to restore every RNG state.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+    return False

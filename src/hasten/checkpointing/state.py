@@ -39,7 +39,7 @@ from hasten.checkpointing.agreement import (
 from hasten.checkpointing.engine import EngineCheckpoint, EngineFiles, load_engine_checkpoint
 from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
 from hasten.checkpointing.reader import CheckpointReader, PendingRead
-from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
+from hasten.checkpointing.rng import capture_rng_state, has_saved_rng_state, restore_rng_state
 from hasten.checkpointing.sharded_state import (
     load_sharded_parts,
     make_part_folders,
@@ -67,6 +67,7 @@ from hasten.ops.comm import current_comm
 from hasten.optimizer import unwrap_optimizer
 from hasten.state import PartialState, recorder
 from hasten.strategies import Strategy
+from hasten.strategies.sharded import by_position, keyed_by_name
 
 __all__ = [
     "CheckpointContents",
@@ -628,11 +629,15 @@ def _load_contents(
 def _restore(
     target: Any, state: Any, contents: CheckpointContents, engine: Any, prepared: list[Any]
 ) -> None:
-    """Load one part; a sharding engine's optimizer takes its full (gathered) state through it."""
-    if _shards_parameters(contents) and any(target is o for o in contents.optimizers):
+    """Load one part; an optimizer through a sharding engine, or by name (see `by_position`)."""
+    sharded = _shards_parameters(contents)
+    if any(target is o for o in contents.optimizers) and (sharded or keyed_by_name(state)):
         owner = optimizer_owner(target, prepared)
-        engine.load_optimizer_state_dict(owner, target, state, full=True)
-        return
+        if sharded:
+            engine.load_optimizer_state_dict(owner, target, state, full=True)
+            return
+        module = engine.unwrap(owner, keep_torch_compile=False)
+        state = by_position(module, unwrap_optimizer(target), state)
     target.load_state_dict(state)
 
 
@@ -698,9 +703,12 @@ def _stateful_parts(
 
 
 def _read_rng(files: CheckpointReader) -> Any:
-    """This process's saved RNG states, or the exception reading them raised."""
+    """This process's saved RNG states, the exception reading them raised, or {} (resharded)."""
+    rank = PartialState().process_index
+    if not has_saved_rng_state(files.manifest, rank):  # warns: a process the save did not have
+        return {}
     try:
-        return files.unpickle(layout.rng_file(PartialState().process_index), "cpu")
+        return files.unpickle(layout.rng_file(rank), "cpu")
     except Exception as exc:  # noqa: BLE001 - raised or warned about by _load_rng
         return exc
 

@@ -22,11 +22,13 @@ import torch
 from torch import nn
 from typing_extensions import override
 
+from hasten.optimizer import unwrap_optimizer
 from hasten.precision import Precision, select_precision
 from hasten.strategies.call import PrepareCall, Prepared
 from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.fsdp1_gather import gather_units, weights_layout
 from hasten.strategies.fsdp_plugin import ignored_modules
+from hasten.strategies.rebind import canonical_name
 from hasten.strategies.sharded import (
     ShardedStrategy,
     checkpoint_layout_of,
@@ -56,6 +58,10 @@ class FSDP1Strategy(ShardedStrategy):
         self._prepared_roots: list[Any] = []  # FSDP roots, for clip_grad_norm_
         # Each prepared root's unwrapped state dict layout (meta stand-ins), for save_model.
         self._layouts: weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
+        # With flat parameters: the names of the parameters each optimizer was built on.
+        self._built_names: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[str]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -144,7 +150,8 @@ class FSDP1Strategy(ShardedStrategy):
     @override
     def setup(self, call: PrepareCall) -> Prepared:
         """With ``use_orig_params=False`` FSDP1 flattens the parameters: an optimizer over all
-        of one model's parameters is pointed at its flat parameters (nothing else can follow)."""
+        of one model's parameters is pointed at its flat parameters (nothing else can follow),
+        and the names of the parameters it was built on are kept (see `_built_on`)."""
         if self.plugin.use_orig_params or call.evaluation:
             return super().setup(call)
         objects = list(call.objects)
@@ -152,11 +159,18 @@ class FSDP1Strategy(ShardedStrategy):
             objects = list(call.precision.prepare_together(objects))
         models = call.indices("model")
         originals = [list(objects[i].parameters()) for i in models]
+        names = {id(p): canonical_name(n) for i in models for n, p in objects[i].named_parameters()}
         self.prepare_models(call, objects)
         prepared = [objects[i] for i in models]
         for i in call.indices("optimizer"):
-            _onto_flat_parameters(objects[i], originals, prepared)
+            held = [p for group in objects[i].param_groups for p in group["params"]]
+            if _onto_flat_parameters(objects[i], originals, prepared):
+                self._built_names[unwrap_optimizer(objects[i])] = [names[id(p)] for p in held]
         return Prepared.of(objects)
+
+    @override
+    def _built_on(self, optimizer: torch.optim.Optimizer) -> list[str] | None:
+        return self._built_names.get(optimizer)
 
     @override
     def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -242,8 +256,10 @@ def _onto_flat_parameters(
     optimizer: torch.optim.Optimizer,
     originals: list[list[nn.Parameter]],
     prepared: list[nn.Module],
-) -> None:
+) -> bool:
     """Point an optimizer over all of one model's parameters at that model's flat parameters.
+
+    Returns whether it held one of the models' parameters (and now holds flat parameters).
 
     Raises:
         ValueError: it has several parameter groups or a subset of the parameters (which flat
@@ -262,4 +278,5 @@ def _onto_flat_parameters(
             )
         optimizer.param_groups[0]["params"] = list(model.parameters())
         optimizer.state.clear()
-        return
+        return True
+    return False

@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ShardedStrategy",
     "by_name",
+    "by_position",
     "checkpoint_layout_of",
     "gather_to_main",
+    "keyed_by_name",
     "state_dict_options",
     "tied_parameter_names",
 ]
@@ -95,11 +97,16 @@ def gather_to_main(part: dict[str, Any]) -> dict[str, Any]:
 
 
 def by_name(
-    module: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state_dict: dict[str, Any],
+    held: list[str] | None = None,
 ) -> dict[str, Any]:
     """A torch-format optimizer state dict (parameters numbered) keyed by parameter name instead.
 
     Lets a checkpoint of an unsharded run (one process, DDP) load into a sharded optimizer.
+    ``held``: the names of the parameters the optimizer was built on, in its order, where it
+    now holds others (FSDP1's flat parameters); by default those of its parameters in ``module``.
 
     Raises:
         ValueError: the saved groups hold another number of parameters than the optimizer.
@@ -109,7 +116,9 @@ def by_name(
     if not saved or not all(isinstance(i, int) for i in saved):
         return state_dict
     names = {id(p): canonical_name(n) for n, p in module.named_parameters()}
-    current = [names.get(id(p)) for group in optimizer.param_groups for p in group["params"]]
+    current: list[str | None] = list(held) if held is not None else []
+    if held is None:
+        current = [names.get(id(p)) for group in optimizer.param_groups for p in group["params"]]
     if len(current) != len(saved) or None in current:
         raise ValueError(
             f"The checkpoint's optimizer holds {len(saved)} parameters but this optimizer holds "
@@ -131,6 +140,56 @@ def checkpoint_layout_of(plugin: FullyShardedDataParallelPlugin | None) -> str:
         return "sharded"
     name = getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type))
     return "sharded" if name == "SHARDED_STATE_DICT" else "replicated"
+
+
+def keyed_by_name(state_dict: Any) -> bool:
+    """Whether an optimizer state dict names its parameters (sharding engines' full states)."""
+    groups = state_dict.get("param_groups", []) if isinstance(state_dict, dict) else []
+    return any(isinstance(p, str) for group in groups for p in group.get("params", []))
+
+
+def by_position(module: nn.Module, optimizer: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter name in torch's format, numbered in the order
+    of ``optimizer``'s parameters (torch's ``load_state_dict`` matches them by position only).
+
+    The inverse of `by_name`: a full state a sharding engine saved (in its own parameter order,
+    e.g. FSDP1's flat-parameter order) loads into an unsharded optimizer. A tensor shared by
+    several parameters' states (FSDP1's one ``step`` per flat parameter) is copied for each.
+
+    Raises:
+        ValueError: the saved groups hold other parameters than the optimizer's groups.
+    """
+    names = {id(p): canonical_name(n) for n, p in module.named_parameters()}
+    saved_groups = state_dict.get("param_groups", [])
+    groups: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+    matches = len(saved_groups) == len(optimizer.param_groups)
+    for saved, group in zip(saved_groups, optimizer.param_groups):
+        mine = [names.get(id(p), "") for p in group["params"]]
+        matches = matches and "" not in mine and sorted(saved["params"]) == sorted(mine)
+        if not matches:
+            break
+        start = len(index)
+        index.update({name: start + i for i, name in enumerate(mine)})
+        groups.append({**saved, "params": list(range(start, len(index)))})
+    if not matches:
+        count = sum(len(group.get("params", [])) for group in saved_groups)
+        raise ValueError(
+            f"The checkpoint's optimizer state names {count} parameters in {len(saved_groups)} "
+            f"group(s), which are not this optimizer's {len(optimizer.param_groups)} group(s) of "
+            "the model's parameters; load a checkpoint of the same model and optimizer (same "
+            "parameter groups)."
+        )
+    seen: set[int] = set()
+    state = {}
+    for name, entries in state_dict.get("state", {}).items():
+        # one tensor in several parameters' states (FSDP1 keeps one step per flat parameter)
+        # becomes one each: torch's optimizers update their state in place
+        state[index[name]] = {
+            key: value.clone() if id(value) in seen else value for key, value in entries.items()
+        }
+        seen.update(id(value) for value in entries.values() if isinstance(value, torch.Tensor))
+    return {"state": state, "param_groups": groups}
 
 
 class ShardedStrategy(Strategy):
@@ -229,8 +288,13 @@ class ShardedStrategy(Strategy):
         options = state_dict_options(full=full, cpu_offload=self.full_offload)
         module, inner = self._module(model), unwrap_optimizer(optimizer)
         if full:
-            state_dict = by_name(module, inner, state_dict)
+            state_dict = by_name(module, inner, state_dict, self._built_on(inner))
         set_optimizer_state_dict(module, inner, state_dict, options=options)
+
+    def _built_on(self, optimizer: torch.optim.Optimizer) -> list[str] | None:
+        """Names of the parameters ``optimizer`` was built on, where set-up replaced them by
+        parameters of other names (see `by_name`); None: its parameters keep their names."""
+        return None
 
     def sharded_state_dicts(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
