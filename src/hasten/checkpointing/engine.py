@@ -67,6 +67,11 @@ class EngineCheckpoint(Protocol):
         """The processes whose engine reads the file ``name`` through ``files`` (none: unknown)."""
         ...
 
+    def refuses_process_count(self, saved: int, processes: int) -> str | None:
+        """Why the engine cannot load a checkpoint ``saved`` processes wrote on ``processes``
+        (None: it can)."""
+        ...
+
 
 Serializer = Callable[[Any, BinaryIO], None]
 
@@ -302,8 +307,16 @@ def load_engine_checkpoint(
     Each process checks the files its engine will read (and a share of the rest) and keeps them
     mapped for the engine's loads (`EngineReads`). ``agree(error)`` (a collective: every process
     calls it) raises on every process if any failed, so a damaged file is refused everywhere
-    before anything is parsed.
+    before anything is parsed. A checkpoint of another number of processes than the engine can
+    load is refused first, on every process alike (the manifest records the number).
+
+    Raises:
+        ValueError: the engine cannot load it on this number of processes (says why).
     """
+    saved, processes = (manifest or {}).get("num_processes"), PartialState().num_processes
+    reason = None if saved in (None, processes) else engine.refuses_process_count(saved, processes)
+    if reason is not None:
+        raise ValueError(reason)
     if manifest is None:  # strict=False: nothing to verify against
         engine.load_checkpoint(folder, strict=strict)
         return

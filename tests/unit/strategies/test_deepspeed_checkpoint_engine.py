@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from hasten.checkpointing import checksum
-from hasten.checkpointing.engine import EngineFiles, EngineReads, files_to_verify
+from hasten.checkpointing.engine import (
+    EngineFiles,
+    EngineReads,
+    files_to_verify,
+    load_engine_checkpoint,
+)
 from hasten.checkpointing.manifest import (
     CorruptCheckpointError,
     read_manifest,
@@ -23,6 +28,7 @@ from hasten.strategies.deepspeed.checkpoint import (
     check_checkpoint_engine,
     file_readers,
 )
+from hasten.strategies.deepspeed.strategy import DeepSpeedStrategy
 
 
 class _TorchEngine:
@@ -209,3 +215,55 @@ def test_each_engine_file_is_verified_by_a_process_whose_engine_reads_it() -> No
     assert shares[0] == [names[0], names[1], names[4], names[6]]
     assert shares[1] == [names[0], names[2], names[3], names[5]]
     assert set(shares[0]) | set(shares[1]) == set(names)  # nothing left unchecked
+
+
+class _ZeroEngine:
+    """Stands for a DeepSpeedEngine's checkpoint settings."""
+
+    def __init__(self, stage: int, elastic: bool = False, universal: bool = False) -> None:
+        self.stage, self.elastic, self.universal = stage, elastic, universal
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage
+
+    def zero_elastic_checkpoint(self) -> bool:
+        return self.elastic
+
+    def load_universal_checkpoint(self) -> bool:
+        return self.universal
+
+
+class _Engines:
+    """An engine-writing strategy whose engine cannot load on another number of processes."""
+
+    def __init__(self, *engines: _ZeroEngine) -> None:
+        self.engines = list(engines)
+        self.loaded = False
+
+    refuses_process_count = DeepSpeedStrategy.refuses_process_count
+
+    def load_checkpoint(self, folder: Path, strict: bool = True, files: Any = None) -> None:
+        self.loaded = True
+
+    def file_readers(self, name: str, num_processes: int) -> Any:
+        return ()
+
+
+def test_zero_partitions_are_refused_on_another_number_of_processes() -> None:
+    assert _Engines(_ZeroEngine(0)).refuses_process_count(2, 1) is None
+    assert _Engines(_ZeroEngine(2, elastic=True)).refuses_process_count(2, 1) is None
+    assert _Engines(_ZeroEngine(3, universal=True)).refuses_process_count(1, 2) is None
+    reason = _Engines(_ZeroEngine(0), _ZeroEngine(3)).refuses_process_count(1, 2)
+    assert reason is not None
+    assert reason.startswith("This DeepSpeed checkpoint was saved by 1 process(es) and is loaded")
+    assert "ZeRO stage 3" in reason and "optimizer state and parameters" in reason
+
+
+def test_load_engine_checkpoint_refuses_before_the_engine_reads(tmp_path: Path) -> None:
+    engines = _Engines(_ZeroEngine(2))
+    manifest = {"num_processes": 2, "files": {}}
+    with pytest.raises(ValueError, match=r"saved by 2 process\(es\) and is loaded by 1: under"):
+        load_engine_checkpoint(engines, tmp_path, manifest, True, lambda error: None)
+    assert not engines.loaded
+    load_engine_checkpoint(engines, tmp_path, {"num_processes": 1, "files": {}}, True, print)
+    assert engines.loaded

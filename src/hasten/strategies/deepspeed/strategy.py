@@ -442,6 +442,28 @@ class DeepSpeedStrategy(Strategy):
             if path is None:
                 raise RuntimeError(f"DeepSpeed could not load {folder / tag}.")
 
+    def refuses_process_count(self, saved: int, processes: int) -> str | None:
+        """Why the engines cannot load a checkpoint of ``saved`` processes on ``processes``.
+
+        ZeRO stages 1-3 keep each process's partition of the optimizer state (stage 3: of the
+        parameters too), which DeepSpeed repartitions on load only from an elastic (stages 1-2)
+        or universal checkpoint; stage 0 keeps it whole.
+        """
+        for engine in self.engines:
+            stage = int(engine.zero_optimization_stage())
+            elastic = stage in (1, 2) and engine.zero_elastic_checkpoint()
+            if stage == 0 or elastic or engine.load_universal_checkpoint():
+                continue
+            held = "optimizer state and parameters" if stage == 3 else "optimizer state"
+            return (
+                f"This DeepSpeed checkpoint was saved by {saved} process(es) and is loaded by "
+                f"{processes}: under ZeRO stage {stage} each process saved its own partition of "
+                f"the {held}, and DeepSpeed does not repartition it on load. Load it on {saved} "
+                "process(es), or start the new run from its weights (accelerator.save_model() "
+                "in the saving run, or DeepSpeed's zero_to_fp32 conversion)."
+            )
+        return None
+
     def file_readers(self, name: str, num_processes: int) -> Collection[int]:
         """The processes whose engine reads the checkpoint file ``name`` (relative to the
         folder) through hasten's checkpoint engine; empty when not known."""
