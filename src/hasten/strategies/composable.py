@@ -126,9 +126,9 @@ class ComposableStrategy(ShardedStrategy):
         if plugin is None:
             # Tensor parallelism alone: full state dicts on every process, and the per-step
             # behaviour of a replicated run (gradients of a replica are complete after backward).
+            # Its parameters are still split: full checkpoints load through the engine.
             self.name = "tensor_parallel"
             self.syncs_gradients = False
-            self.shards_parameters = False
             self.full_offload = False
         else:
             self.name = "fsdp2"
