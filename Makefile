@@ -7,15 +7,20 @@ STAMP := $(VENV)/.hasten-installed
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test lint typecheck layers pytest bench clean install docs
+.PHONY: demo test test-ecosystem lint typecheck layers pytest bench clean install docs
 
 install: $(STAMP)
 
+# hasten becomes the venv's `accelerate` (hasten accelerate install) before the libraries that
+# require one come in (the ecosystem extra: trl, peft): pip keeps the alias for them
+# (docs/accelerate-compat.md, tests/ecosystem).
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev,test,docs]"
+	$(BIN)/hasten accelerate install
+	$(BIN)/python -m pip install -q -e ".[ecosystem]"
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -50,6 +55,12 @@ pytest: $(STAMP) $(DS_OPS)
 test: $(STAMP)
 	@$(MAKE) --no-print-directory -j3 lint typecheck layers docs $(DS_OPS)
 	@HASTEN_DOCS_SITE=$(abspath docs/_build/html) $(MAKE) --no-print-directory pytest
+
+# The heavy rows of the Hugging Face ecosystem on hasten-as-accelerate (tests marked `ecosystem`,
+# which `make test` leaves out): Trainer on 2 processes under DDP, FSDP2 and DeepSpeed ZeRO-2/3,
+# trl, peft, diffusers' example script, and the alias's real uninstall/replace round trip.
+test-ecosystem: $(STAMP) $(DS_OPS)
+	$(BIN)/python -m pytest -q -m ecosystem tests/ecosystem
 
 # The documentation site, strictly (a warning fails the build), from scratch (-E: an incremental
 # build would not repeat the warnings of unchanged pages). Open docs/_build/html/index.html.

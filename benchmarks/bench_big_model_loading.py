@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _reference import require_real_accelerate
 from torch import nn
 
 LAYERS, WIDTH, SHARDS = 16, 2048, 5
@@ -189,7 +190,7 @@ def main() -> None:
         f"checkpoint: {size / mb:.0f} MiB in {SHARDS} shards (largest {shard / mb:.0f} MiB), largest layer {layer / mb:.0f} MiB"
     )
     try:
-        import accelerate  # noqa: F401
+        require_real_accelerate()
 
         impls = ["raw", "hasten", "accelerate"]
     except ImportError:

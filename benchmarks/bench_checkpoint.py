@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _reference import require_real_accelerate
 
 LAYER = 1024  # Linear(1024, 1024): 4 MB of weights each
 
@@ -126,6 +127,7 @@ def _hasten_cases(
 
 def _accelerate_cases() -> Any:
     try:
+        require_real_accelerate()
         from accelerate import Accelerator as HFAccelerator
     except ImportError:
         return None

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _reference import require_real_accelerate
 
 NUM_TENSORS = 10
 NUMEL = 1000
@@ -70,6 +71,7 @@ def _hasten_ops() -> dict[str, Callable[[Any], Any]]:
 
 def _accelerate_ops() -> dict[str, Callable[[Any], Any]] | None:
     try:
+        require_real_accelerate()
         from accelerate import PartialState as AccPartialState
         from accelerate.utils import broadcast, gather, reduce
     except Exception:  # noqa: BLE001 - accelerate is optional here

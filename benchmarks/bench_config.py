@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import timeit
 
+from _reference import require_real_accelerate
+
 
 def _best(stmt, number: int = 20000) -> float:  # type: ignore[no-untyped-def]
     return min(timeit.repeat(stmt, number=number, repeat=5)) / number
@@ -29,6 +31,7 @@ def main() -> None:
     ]
     reference: dict[str, float] = {}
     try:
+        require_real_accelerate()
         from accelerate.utils import DistributedDataParallelKwargs as AccDDP
         from accelerate.utils import GradScalerKwargs as AccScaler
         from accelerate.utils import parse_flag_from_env

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from _reference import require_real_accelerate
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -47,6 +48,7 @@ def _make_hasten(dataset: TensorDataset, shuffle: bool) -> Iterable[Any]:
 
 def _make_accelerate(dataset: TensorDataset, shuffle: bool) -> Iterable[Any] | None:
     try:
+        require_real_accelerate()
         from accelerate.data_loader import prepare_data_loader  # benchmark-only comparison
         from accelerate.state import PartialState
     except ImportError:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _reference import require_real_accelerate
 from torch import nn
 
 BATCH = 32
@@ -69,6 +70,7 @@ def worker(steps: int, rounds: int, width: int) -> None:
     # A second, identical hand-written loop: its ratio to "raw" is the noise floor of the run.
     loops["raw_control"] = raw_ddp(width)
     try:
+        require_real_accelerate()
         from accelerate import (
             Accelerator as HFAccelerator,  # optional: accelerate (comparison only)
         )

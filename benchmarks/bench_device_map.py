@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from _reference import require_real_accelerate
 from torch import nn
 
 from hasten.big_modeling import init_empty_weights
@@ -162,6 +163,7 @@ def main() -> None:
         try:
             import logging
 
+            require_real_accelerate()
             from accelerate.utils import infer_auto_device_map as accelerate  # type: ignore[no-redef]
 
             logging.getLogger("accelerate").setLevel(logging.ERROR)  # "device 0 not available"

@@ -6,11 +6,12 @@ next. Target: hasten adds at most 75 ms over torch (HF Accelerate adds ~190 ms h
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import subprocess
 import sys
 import time
+
+from _reference import real_accelerate_installed
 
 RUNS = 7
 SNIPPETS = {
@@ -113,7 +114,7 @@ def main() -> None:
     snippets = {
         name: code
         for name, code in SNIPPETS.items()
-        if not name.startswith("accelerate") or importlib.util.find_spec("accelerate") is not None
+        if not name.startswith("accelerate") or real_accelerate_installed()
     }
     results = _time_interleaved(snippets)
     modules = _modules_loaded("from hasten import Accelerator")

@@ -16,6 +16,8 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
+from _reference import require_real_accelerate
+
 
 def _median_ns(fn: Callable[[], Any], number: int, rounds: int) -> float:
     times = timeit.repeat(fn, number=number, repeat=rounds)
@@ -49,6 +51,7 @@ def main() -> None:
 
     implementations = {"hasten": _cases(PartialState)}
     try:
+        require_real_accelerate()
         from accelerate.state import PartialState as AcceleratePartialState
     except ImportError:
         pass

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _reference import require_real_accelerate
 from torch import nn
 
 MODES = ("fp32", "accum4", "bf16", "dataloader")
@@ -143,6 +144,7 @@ def child(mode: str, steps: int, rounds: int) -> dict[str, float]:
 
     accelerators: dict[str, Any] = {"hasten": Accelerator}
     try:
+        require_real_accelerate()
         from accelerate import (
             Accelerator as HFAccelerator,  # optional: accelerate (comparison only)
         )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _reference import require_real_accelerate
 
 Runner = Callable[[Path, int], None]
 
@@ -133,6 +134,7 @@ def main() -> None:
         "hasten": hasten_tensorboard,
     }
     try:
+        require_real_accelerate()
         import accelerate.tracking  # noqa: F401
 
         tensorboard["accelerate"] = accelerate_tensorboard

@@ -32,6 +32,7 @@ from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard
 from hasten.strategies.parallelize import apply_ac
 from hasten.strategies.rebind import canonical_name
 from hasten.strategies.sharded import ShardedStrategy, state_dict_options
+from hasten.strategies.unwrap import is_peft_model
 
 if TYPE_CHECKING:
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
@@ -184,11 +185,13 @@ def _full_file(stem: str, index: int) -> str:
     return f"{stem}.bin" if index == 0 else f"{stem}_{index}.bin"
 
 
-def _adapter_refused(adapter_only: bool) -> None:
-    if adapter_only:
+def _adapter_refused(adapter_only: bool, model: Any) -> None:
+    """As in Accelerate, ``adapter_only`` matters only for a PEFT model (transformers' Trainer
+    passes True for every model); for one, hasten cannot yet save or load the adapter alone."""
+    if adapter_only and is_peft_model(model):
         raise ValueError(
-            "adapter_only=True (PEFT adapters only) is not supported by hasten's FSDP helpers; "
-            "save the whole model (adapter_only=False)."
+            "adapter_only=True for a PEFT model (its adapters only) is not supported by "
+            "hasten's FSDP helpers; save and load the whole model (adapter_only=False)."
         )
 
 
@@ -215,7 +218,7 @@ def save_fsdp_model(
     use_dcp: bool = True,
 ) -> None:
     """Save ``model``: sharded into ``pytorch_model_fsdp_<i>/`` or full from rank 0."""
-    _adapter_refused(adapter_only)
+    _adapter_refused(adapter_only, model)
     strategy = _strategy(fsdp_plugin, accelerator)
     if _kind(strategy.plugin, use_dcp) == "local":
         _save_local(model, Path(output_dir) / _local_file(model_index))
@@ -239,7 +242,7 @@ def load_fsdp_model(
     use_dcp: bool = True,
 ) -> None:
     """Load what `save_fsdp_model` wrote (sharded: on any number of processes)."""
-    _adapter_refused(adapter_only)
+    _adapter_refused(adapter_only, model)
     strategy = _strategy(fsdp_plugin, accelerator)
     if _kind(strategy.plugin, use_dcp) == "local":
         _load_local(model, Path(input_dir) / _local_file(model_index))
@@ -285,7 +288,7 @@ def load_fsdp_optimizer(
     use_dcp: bool = True,
 ) -> None:
     """Load what `save_fsdp_optimizer` wrote."""
-    _adapter_refused(adapter_only)
+    _adapter_refused(adapter_only, model)
     strategy = _strategy(fsdp_plugin, accelerator)
     _load(
         strategy,

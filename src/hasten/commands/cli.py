@@ -18,6 +18,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 # subcommand -> module exposing register(subparsers). Add a row to add a command.
 COMMANDS: dict[str, str] = {
+    "accelerate": "hasten.commands.accelerate_alias",
     "config": "hasten.commands.config",
     "env": "hasten.commands.env",
     "estimate-memory": "hasten.commands.estimate",

@@ -40,7 +40,18 @@ def _versions() -> dict[str, str]:
             found[f"{label} version"] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             found[f"{label} version"] = "not installed"
+    found["accelerate"] = _accelerate()
     return found
+
+
+def _accelerate() -> str:
+    """Which accelerate is active: hasten's alias, Hugging Face Accelerate, or none."""
+    from hasten.compat.distribution import installed_accelerate
+
+    current = installed_accelerate()
+    if current is None:
+        return "not installed (`hasten accelerate install` makes hasten the accelerate)"
+    return current.describe()
 
 
 def _hardware() -> dict[str, str]:

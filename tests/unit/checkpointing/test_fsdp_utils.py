@@ -87,8 +87,14 @@ def test_helpers_refuse_what_they_cannot_do(tmp_path: Any) -> None:
     model = TinyTransformer()
     with pytest.raises(ValueError, match=r"needs an FSDP run: pass the FullyShardedDataParallel"):
         save_fsdp_model(None, plain, model, tmp_path)
-    with pytest.raises(ValueError, match=r"adapter_only=True.*adapter_only=False"):
+    # adapter_only is about PEFT models (Trainer passes True for every model, as Accelerate
+    # allows): for another model it changes nothing, so the error is the missing plugin's.
+    with pytest.raises(ValueError, match=r"needs an FSDP run"):
         save_fsdp_model(None, plain, model, tmp_path, adapter_only=True)
+    peft = pytest.importorskip("peft", reason="peft is not installed")
+    lora = peft.get_peft_model(TinyTransformer(), peft.LoraConfig(target_modules=["head"]))
+    with pytest.raises(ValueError, match=r"adapter_only=True for a PEFT model.*adapter_only=False"):
+        save_fsdp_model(None, plain, lora, tmp_path, adapter_only=True)
     sharded = FullyShardedDataParallelPlugin(fsdp_version=2)
     with pytest.raises(ValueError, match=r"SHARDED_STATE_DICT is written with .*use_dcp=True"):
         save_fsdp_model(sharded, plain, model, tmp_path, use_dcp=False)
