@@ -40,8 +40,8 @@ from hasten._version import __version__ as hasten_version
 from hasten.compat.alias import ACCELERATE_API_VERSION
 
 __all__ = [
-    "CONSOLE_SCRIPTS",
     "AccelerateAliasError",
+    "CONSOLE_SCRIPTS",
     "InstalledAccelerate",
     "alias_version",
     "build_wheel",
