@@ -125,6 +125,10 @@ class TrackerManager:
             )
         return AbsentTracker(name)
 
+    def _runs_here(self, chosen: Any) -> bool:
+        """Whether the tracker chosen as ``chosen`` (a name or an instance) runs here."""
+        return self.is_main_process or getattr(chosen, "main_process_only", True) is False
+
     def log(
         self,
         values: Mapping[str, Any],
@@ -136,7 +140,10 @@ class TrackerManager:
         ``log_kwargs`` maps a tracker name to extra keyword arguments for its ``log``.
         """
         if not self.initialized or not self.trackers:
-            if self.log_with and not self.initialized:
+            # Only where a chosen tracker would run: like Accelerate's (main-process-only) log,
+            # other processes may log without starting trackers (diffusers' example scripts
+            # start them on the main process only and log on every process).
+            if not self.initialized and any(self._runs_here(t) for t in self.log_with or ()):
                 raise RuntimeError(
                     "accelerator.log() was called before init_trackers() (or after "
                     "end_training()): trackers "
