@@ -44,7 +44,8 @@ def require_alias() -> None:
 
 
 def launch_config(folder: Path, distributed_type: str, **extra: Any) -> Path:
-    """Write an ``accelerate launch`` config for 2 CPU processes; return its path."""
+    """Write an ``accelerate launch`` config for CPU processes (2 unless ``num_processes=``);
+    return its path."""
     import yaml
 
     config: dict[str, Any] = {
