@@ -125,10 +125,6 @@ class TrackerManager:
             )
         return AbsentTracker(name)
 
-    def _runs_here(self, chosen: Any) -> bool:
-        """Whether the tracker chosen as ``chosen`` (a name or an instance) runs here."""
-        return self.is_main_process or getattr(chosen, "main_process_only", True) is False
-
     def log(
         self,
         values: Mapping[str, Any],
@@ -143,7 +139,8 @@ class TrackerManager:
             # Only where a chosen tracker would run: like Accelerate's (main-process-only) log,
             # other processes may log without starting trackers (diffusers' example scripts
             # start them on the main process only and log on every process).
-            if not self.initialized and any(self._runs_here(t) for t in self.log_with or ()):
+            chosen = [tracker_class(t) if isinstance(t, str) else t for t in self.log_with or ()]
+            if not self.initialized and any(self._runs_here(t) for t in chosen):
                 raise RuntimeError(
                     "accelerator.log() was called before init_trackers() (or after "
                     "end_training()): trackers "
