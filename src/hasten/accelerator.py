@@ -714,14 +714,30 @@ class Accelerator:
         result = list(prepared.objects)
         for i in call.indices("model"):
             self._record_model(result[i])
+        models = [result[i] for i in call.indices("model")]
         for i, kind in enumerate(call.kinds):
             if kind == "optimizer":
                 result[i] = self.prepare_optimizer(result[i], device_placement=call.placements[i])
             elif kind == "data_loader":
                 result[i] = self.prepare_data_loader(result[i], device_placement=call.placements[i])
+                if models:  # sharded along the sequence under DeepSpeed sequence parallelism
+                    result[i] = self.deepspeed_ulysses_dl_adapter(result[i], models[0])
         for i in call.indices("scheduler"):
             result[i] = self.prepare_scheduler(result[i])
         return result
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: nn.Module) -> Any:
+        """Under DeepSpeed sequence parallelism (``ParallelismConfig(sp_size > 1)``), wrap the
+        prepared ``dl`` so each process gets its shard of every sequence; otherwise return it.
+
+        ``prepare`` does this for data loaders prepared with the model; transformers' Trainer
+        prepares its loader apart and calls this after preparing the model (as in Accelerate).
+        """
+        from hasten.strategies.deepspeed.ulysses import adapt_data_loader, sequence_parallel
+
+        if sequence_parallel(self.parallelism_config) is None:
+            return dl
+        return adapt_data_loader(dl, getattr(model, "device", self.device))
 
     def _prepare_call(
         self,

@@ -12,6 +12,7 @@ Accelerate itself cannot run FSDP or DeepSpeed on CPUs) are marked ``ecosystem``
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,28 @@ def test_trainer_on_two_processes_shards_and_resumes_exactly(
     assert full["distributed_type"] == expected_type and full["num_processes"] == 2
     _check_sharding(engine, full["held"])
     _assert_resumed_exactly(full, resumed, tmp_path)
+
+
+@pytest.mark.ecosystem
+@pytest.mark.timeout(600)
+def test_trainer_deepspeed_sequence_parallelism_splits_each_sequence(tmp_path: Path) -> None:
+    # ParallelismConfig(sp_size=2, sp_backend="deepspeed") in TrainingArguments: DeepSpeed's
+    # Ulysses attention and Trainer's deepspeed_ulysses_dl_adapter path, on 2 CPU processes.
+    require_alias()
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed)")
+    config = launch_config(tmp_path, "MULTI_CPU")
+    zero3 = json.dumps({"zero_optimization": {"stage": 3}, **_ZERO})
+    result = run_script(
+        "trainer_script.py",
+        ["--output_dir", str(tmp_path / "sp"), "--deepspeed", zero3, "--sp_size", "2"]
+        + ["--batch_size", "1", "--max_steps", "4", "--save_steps", "4"],
+        config,
+    )
+    assert result["distributed_type"] == "DEEPSPEED" and result["num_processes"] == 2
+    for held in result["held"]:
+        assert held["train_seq_lengths"] == [8]  # each process ran half of every 16 tokens
+    _check_sharding("deepspeed_zero3", result["held"])
+    losses = _steps(result["losses"])
+    assert sorted(losses) == [1, 2, 3, 4]
+    # The untrained model's loss on random tokens: about log(vocabulary size) = log(30).
+    assert all(abs(loss - math.log(30)) < 0.3 for loss in losses.values())

@@ -22,16 +22,22 @@ from torch.utils.data import Dataset
 class Tokens(Dataset):
     """Random token sequences (causal LM) or sequences with a class label (classifier)."""
 
-    def __init__(self, task: str, n: int, seed: int, length: int = 16, vocab: int = 30) -> None:
+    def __init__(
+        self, task: str, n: int, seed: int, length: int = 16, positions: bool = False
+    ) -> None:
         g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, vocab, (n, length), generator=g)
+        self.ids = torch.randint(0, 30, (n, length), generator=g)
         self.labels = (self.ids[:, 0] % 3) if task == "classifier" else self.ids
+        self.positions = positions  # sequence parallelism shards them with the tokens
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+        item = {"input_ids": self.ids[i], "labels": self.labels[i]}
+        if self.positions:
+            item["position_ids"] = torch.arange(len(self.ids[i]))
+        return item
 
 
 def _holdings(trainer: object) -> dict[str, int]:
@@ -68,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fsdp", default="")
     parser.add_argument("--fsdp_config", default=None)
     parser.add_argument("--deepspeed", default=None)
+    parser.add_argument("--sp_size", type=int, default=1)
+    parser.add_argument("--batch_size", type=int, default=4)
     return parser
 
 
@@ -77,10 +85,22 @@ def run(argv: list[str]) -> dict[str, Any] | None:
     from transformers import Trainer, TrainingArguments
 
     args = _parser().parse_args(argv)
+    parallelism = None
+    if args.sp_size > 1:  # DeepSpeed's Ulysses sequence parallelism
+        from accelerate.parallelism_config import ParallelismConfig
+        from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+        parallelism = ParallelismConfig(
+            sp_size=args.sp_size,
+            sp_backend="deepspeed",
+            sp_handler=DeepSpeedSequenceParallelConfig(
+                sp_seq_length_is_variable=True, sp_attn_implementation="sdpa"
+            ),
+        )
     training_args = TrainingArguments(
         output_dir=args.output_dir,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
         max_steps=args.max_steps,
         save_steps=args.save_steps,
         save_strategy="steps",
@@ -93,14 +113,21 @@ def run(argv: list[str]) -> dict[str, Any] | None:
         fsdp=args.fsdp,
         fsdp_config=json.loads(args.fsdp_config) if args.fsdp_config else None,
         deepspeed=json.loads(args.deepspeed) if args.deepspeed else None,
+        parallelism_config=parallelism,
         disable_tqdm=True,
     )
     build = tiny.classifier if args.task == "classifier" else tiny.causal_lm
+    model = build(attn_implementation="sdpa") if args.sp_size > 1 else build()
+    seen: list[int] = []  # the sequence length each forward of this process receives
+    model.register_forward_pre_hook(
+        lambda module, a, kw: seen.append(int(kw["input_ids"].shape[1])), with_kwargs=True
+    )
+    positions = args.sp_size > 1
     trainer = Trainer(
-        model=build(),
+        model=model,
         args=training_args,
-        train_dataset=Tokens(args.task, 64, seed=1),
-        eval_dataset=Tokens(args.task, 16, seed=2),
+        train_dataset=Tokens(args.task, 64, seed=1, positions=positions),
+        eval_dataset=Tokens(args.task, 16, seed=2, positions=positions),
     )
     resumed_args = None
     saved_args = f"{args.resume}/training_args.bin" if args.resume else None
@@ -110,6 +137,7 @@ def run(argv: list[str]) -> dict[str, Any] | None:
         resumed_args = type(saved.distributed_state).__module__
     trainer.train(resume_from_checkpoint=args.resume)
     held = _holdings(trainer)
+    held["train_seq_lengths"] = sorted(set(seen))
     metrics = trainer.evaluate()
     trainer.save_model(f"{args.output_dir}/final")
     # The full weights, gathered from every process (save_model writes nothing under a

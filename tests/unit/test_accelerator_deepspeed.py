@@ -64,3 +64,9 @@ def test_backward_without_an_engine_says_what_to_prepare() -> None:
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin())
     with pytest.raises(RuntimeError, match="prepared together with its optimizer"):
         accelerator.backward(torch.ones((), requires_grad=True))
+
+
+def test_ulysses_adapter_passes_loaders_through_without_sequence_parallelism() -> None:
+    accelerator = Accelerator(cpu=True)
+    loader = torch.utils.data.DataLoader(list(range(4)))
+    assert accelerator.deepspeed_ulysses_dl_adapter(loader, torch.nn.Linear(1, 1)) is loader

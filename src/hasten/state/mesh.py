@@ -77,18 +77,19 @@ def resolve_parallelism_config(parallelism_config: Any, torch_tp_plugin: Any) ->
 
 
 def _check_deepspeed(config: ParallelismConfig) -> None:
-    """DeepSpeed takes plain data parallelism (ZeRO shards over every process) and nothing else."""
+    """DeepSpeed takes data parallelism (ZeRO shards over every process) and its own Ulysses
+    sequence parallelism (sp_size), nothing else."""
     refused = [
         f"{dim}_size={getattr(config, f'{dim}_size')}"
-        for dim in ("tp", "cp", "sp")
+        for dim in ("tp", "cp")
         if getattr(config, f"{dim}_enabled")
     ]
     if refused:
         raise ValueError(
             f"ParallelismConfig({', '.join(refused)}) cannot be used with DeepSpeed: hasten's "
-            "DeepSpeed engine takes only data-parallel dimensions from ParallelismConfig (ZeRO "
-            "shards over every process; DeepSpeed's Ulysses sequence parallelism is not wired). "
-            "Use FSDP2 (fsdp_plugin) for tensor/context parallelism, or set these sizes to 1."
+            "DeepSpeed engine takes data-parallel dimensions and DeepSpeed's own sequence "
+            "parallelism (sp_size) from ParallelismConfig. Use FSDP2 (fsdp_plugin) for "
+            "tensor/context parallelism, or set these sizes to 1."
         )
     if config.dp_replicate_enabled and config.dp_shard_enabled:
         raise ValueError(

@@ -74,6 +74,11 @@ def _build(config: ParallelismConfig, processes: int = 2, **kwargs: object) -> o
     )
 
 
+def test_deepspeed_takes_its_sequence_parallelism_and_builds_no_torch_mesh() -> None:
+    # DeepSpeed's Ulysses groups (mpu) own the sequence dimension: no DeviceMesh is built.
+    assert _build(ParallelismConfig(sp_size=2), 2, deepspeed=True) is None
+
+
 @pytest.mark.parametrize(
     ("config", "kwargs", "match"),
     [
@@ -97,11 +102,6 @@ def _build(config: ParallelismConfig, processes: int = 2, **kwargs: object) -> o
             ParallelismConfig(sp_size=2),
             {"processes": 2},
             r"sp_size=2\) needs DeepSpeed",
-        ),
-        (
-            ParallelismConfig(sp_size=2),
-            {"processes": 2, "deepspeed": True},
-            r"sp_size=2\) cannot be used with DeepSpeed: .*Ulysses sequence parallelism is not",
         ),
         (
             ParallelismConfig(dp_replicate_size=2, dp_shard_size=2),

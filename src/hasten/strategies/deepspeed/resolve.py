@@ -35,6 +35,9 @@ class EngineInputs:
     micro_batch_size: int | None = None
     num_processes: int = 1
     accumulation_steps: int = 1
+    #: The ParallelismConfig asking for DeepSpeed sequence parallelism, if any
+    #: (``num_processes`` is then the data-parallel size: processes / sp_size).
+    sequence_parallel: Any = None
 
 
 def _hidden_size(model: nn.Module) -> int | None:

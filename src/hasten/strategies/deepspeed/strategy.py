@@ -28,7 +28,7 @@ from hasten.core.imports import require
 from hasten.optimizer import AcceleratedOptimizer
 from hasten.precision import Precision, select_precision
 from hasten.scheduler import AcceleratedScheduler
-from hasten.state import GradientState, PartialState
+from hasten.state import AcceleratorState, GradientState, PartialState
 from hasten.strategies.base import BackwardFn, Strategy
 from hasten.strategies.call import PrepareCall, Prepared
 from hasten.strategies.compile import CompileSettings, compile_model
@@ -42,6 +42,7 @@ from hasten.strategies.deepspeed.checkpoint import (
 )
 from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from hasten.strategies.deepspeed.resolve import EngineInputs, resolve_config
+from hasten.strategies.deepspeed.ulysses import register_attention, sequence_parallel
 from hasten.strategies.deepspeed.wrappers import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -216,6 +217,10 @@ class DeepSpeedStrategy(Strategy):
             num_processes=PartialState().num_processes,
             accumulation_steps=GradientState().num_steps,
         )
+        sequence = sequence_parallel(AcceleratorState().parallelism_config)
+        if sequence is not None:  # Ulysses: data parallel over the processes / sp_size
+            inputs.sequence_parallel = sequence
+            inputs.num_processes //= int(sequence.sp_size or 1)
         engine, optimizer, scheduler = self._initialize(inputs)
         objects[models[0]] = self.prepare_module(
             engine, call.device_of(models[0]), precision=call.precision, dynamo=call.dynamo
@@ -233,6 +238,9 @@ class DeepSpeedStrategy(Strategy):
         deepspeed = require("deepspeed", feature="DeepSpeedPlugin", extra="deepspeed")
         _check_half_precision(config)
         kwargs: dict[str, Any] = {"model": inputs.model, "config": config}
+        if inputs.sequence_parallel is not None:  # needs deepspeed.comm's group: after ensure
+            micro = int(config.get("train_micro_batch_size_per_gpu", 1))
+            kwargs["mpu"] = register_attention(inputs.model, inputs.sequence_parallel, micro)
         optimizer, scheduler = inputs.optimizer, inputs.scheduler
         if isinstance(optimizer, DummyOptim):
             kwargs["model_parameters"] = optimizer.params
