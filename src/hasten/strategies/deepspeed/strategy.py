@@ -217,7 +217,7 @@ class DeepSpeedStrategy(Strategy):
             num_processes=PartialState().num_processes,
             accumulation_steps=GradientState().num_steps,
         )
-        sequence = sequence_parallel(AcceleratorState().parallelism_config)
+        sequence = sequence_parallel(AcceleratorState._shared_state.get("parallelism_config"))
         if sequence is not None:  # Ulysses: data parallel over the processes / sp_size
             inputs.sequence_parallel = sequence
             inputs.num_processes //= int(sequence.sp_size or 1)
