@@ -93,8 +93,8 @@ def _cpu_backend(requested: str | None, ranks: RankInfo, mpi_available: bool) ->
 
 
 def _rendezvous_env(ranks: RankInfo, backend: str) -> dict[str, str]:
-    """Variables ``init_process_group(init_method="env://")`` needs, filled in for MPI launches."""
-    if ranks.source != "mpi":
+    """Variables ``init_process_group(init_method="env://")`` needs, for MPI and SLURM launches."""
+    if ranks.source not in ("mpi", "slurm"):
         return {}
     updates = {
         "RANK": str(ranks.rank),
@@ -109,9 +109,9 @@ def _rendezvous_env(ranks: RankInfo, backend: str) -> dict[str, str]:
         updates["MASTER_ADDR"] = _LOOPBACK
     else:
         raise ValueError(
-            f"An MPI launch spans several machines ({ranks.world_size} processes, "
-            f"{ranks.local_world_size} on this one) but MASTER_ADDR is not set. Export the "
-            "hostname of rank 0 as MASTER_ADDR on every machine."
+            f"An {ranks.source.upper()} launch spans several machines ({ranks.world_size} "
+            f"processes, {ranks.local_world_size} on this one) but MASTER_ADDR is not set. Export "
+            "the hostname of rank 0 as MASTER_ADDR on every machine."
         )
     return updates
 
