@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hasten-installed
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test test-ecosystem lint typecheck layers pytest bench clean install docs
+.PHONY: demo test test-ecosystem test-clusters lint typecheck layers pytest bench clean install docs
 
 install: $(STAMP)
 
@@ -61,6 +61,17 @@ test: $(STAMP)
 # trl, peft, diffusers' example script, and the alias's real uninstall/replace round trip.
 test-ecosystem: $(STAMP) $(DS_OPS)
 	$(BIN)/python -m pytest -q -m ecosystem tests/ecosystem
+
+# The heavy cluster tests (the `clusters` marker), not in `make test`: Ray Train end to end
+# (TorchTrainer, 2 CPU workers; a fit takes tens of seconds here) and two simulated machines
+# under `hasten launch`. Installs the ray extra on first use.
+RAY := $(VENV)/.ray-installed
+$(RAY): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[ray]"
+	@touch $(RAY)
+
+test-clusters: $(RAY)
+	$(BIN)/python -m pytest -q -m clusters --durations=0 tests/distributed/test_ray_train.py tests/cli/test_cluster_launch.py
 
 # The documentation site, strictly (a warning fails the build), from scratch (-E: an incremental
 # build would not repeat the warnings of unchanged pages). Open docs/_build/html/index.html.

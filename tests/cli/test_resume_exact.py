@@ -19,20 +19,16 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 from unittest.mock import patch
 
 import pytest
 import torch
 
+from _support.resume import HASTEN, SCRIPT, assert_resumed_exactly, launch, results
 from hasten.checkpointing.preemption import PREEMPTED_EXIT_CODE
 from hasten.state._shared import reset_state
 
 pytestmark = pytest.mark.cli
-
-HERE = Path(__file__).parent
-SCRIPT = HERE / "resume_script.py"
-HASTEN = Path(sys.executable).parent / "hasten"
 
 
 def _script() -> ModuleType:
@@ -53,33 +49,6 @@ def run_in_process(out: Path, *argv: str) -> None:
             assert module.main() == 0
     finally:
         reset_state()
-
-
-def launch(
-    out: Path, *argv: str, options: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess[str]:
-    """Run the script on 2 CPU processes through ``hasten launch``."""
-    command = [str(HASTEN), "launch", "--cpu", "--num_processes", "2", *options]
-    return subprocess.run(
-        [*command, str(SCRIPT), str(out), *argv],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
-
-
-def results(out: Path, phase: str, rank: int) -> dict[str, Any]:
-    return torch.load(out / f"{phase}_{rank}.pt", weights_only=True)
-
-
-def assert_resumed_exactly(reference: Path, out: Path, rank: int) -> None:
-    """Losses of first + second equal the uninterrupted run's, bit for bit, and so do weights."""
-    full = results(reference, "full", rank)
-    first, second = results(out, "first", rank), results(out, "second", rank)
-    assert first["losses"] + second["losses"] == full["losses"]
-    for name, value in full["weights"].items():
-        assert torch.equal(second["weights"][name], value), name
 
 
 @pytest.fixture(scope="module")
@@ -118,14 +87,6 @@ def test_resume_without_the_saved_gradients_differs(single_reference: Path, tmp_
     resumed = results(tmp_path, "first", 0)["losses"] + results(tmp_path, "second", 0)["losses"]
     assert resumed[:8] == full[:8]
     assert resumed != full
-
-
-@pytest.fixture(scope="module")
-def launched_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("full_2")
-    proc = launch(out, "full")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
 
 
 @pytest.mark.timeout(400)
