@@ -81,3 +81,4 @@ def test_every_python_block_on_the_pages_runs(tmp_path: Path) -> None:
     assert "'disk'" in outputs["how-to__big-models"] and "True" in outputs["how-to__big-models"]
     assert "What each rank was doing" in outputs["how-to__hangs"]
     assert "this process holds" in outputs["how-to__fsdp"]
+    assert "5 8 1 4" in outputs["clusters"] and "gpu07 23456" in outputs["clusters"]
