@@ -39,7 +39,6 @@ from typing import Any
 import torch
 
 from hasten.checkpointing.manifest import FileRecord
-from hasten.ops.collectives import gather_object, reduce
 from hasten.ops.comm import Communicator, current_comm, group_comm
 from hasten.state import PartialState
 from hasten.state._shared import register_reset_hook
@@ -397,17 +396,22 @@ def agree_on_outcome(
     """Wait for every process; if another one failed (to save, to verify), raise here too.
 
     The exchange doubles as the barrier after publishing, so a failure on one process never
-    leaves the others blocked in a later collective.
+    leaves the others blocked in a later collective. A hang report names it after ``outcome``'s
+    operation (save_state or load_state).
     """
     state = PartialState()
     if state.num_processes == 1 or isinstance(error, CollectiveTimeoutError):
         return  # (a collective that lost a peer fails on every process that is left)
+    comm = current_comm()
+    op = "load_state" if "loaded" in outcome else "save_state"
     # one small reduction when every process succeeded (the usual case); names only on failure
-    failed = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=state.device)
-    if int(reduce(failed, "max").item()) == 0:
+    failed = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=comm.device)
+    comm.all_reduce(failed, "max", f"{op} (agreeing on the outcome)", failed)
+    if int(failed.item()) == 0:
         return
     mine = [f"process {state.process_index}: {error}"] if error is not None else []
-    failures = [f for f in gather_object(mine) if f not in mine]
+    reported = comm.all_gather_object(mine, f"{op} (telling what failed)")
+    failures = [f for found in reported for f in found if f not in mine]
     if failures and error is None:
         raise RuntimeError(f"{outcome}: " + "; ".join(failures))
 
