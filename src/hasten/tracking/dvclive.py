@@ -49,16 +49,24 @@ class DVCLiveTracker(GeneralTracker):
         self.live.log_params(values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log numeric ``values`` at ``step`` (DVCLive's own counter when None), then advance."""
+        """Log ``values`` at ``step`` (DVCLive's own counter when None), then advance.
+
+        Numbers (tensors included) and whatever else DVCLive's metrics take (strings) are logged;
+        other values are skipped with a warning.
+        """
+        from dvclive.plots import Metric  # optional: dvclive (imported by start())
+
         live = self.live
         if step is not None:
             live.step = step
         for key, value in values.items():
             scalar = to_scalar(value)
-            if scalar is None:
-                self._skips.skip(key, value)
-            else:
+            if scalar is not None:
                 live.log_metric(key, scalar, **kwargs)
+            elif Metric.could_log(value):
+                live.log_metric(key, value, **kwargs)
+            else:
+                self._skips.skip(key, value)
         live.next_step()
 
     def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:

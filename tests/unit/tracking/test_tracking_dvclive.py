@@ -17,6 +17,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def metrics_dir(out: Path) -> Path:
+    return out / "plots" / "metrics"
+
+
+def _tsv_text(path: Path) -> list[tuple[int, str]]:
+    with path.open() as handle:
+        return [
+            (int(row["step"]), row[path.stem]) for row in csv.DictReader(handle, delimiter="\t")
+        ]
+
+
 def _tsv(path: Path) -> list[tuple[int, float]]:
     with path.open() as handle:
         return [
@@ -36,11 +47,13 @@ def test_metrics_and_params_read_back(tmp_path: Path, monkeypatch: pytest.Monkey
     )
     for step in (0, 5, 10):
         manager.log({"loss": 1.0 / (step + 1), "acc": step / 10}, step=step)
-    with pytest.warns(UserWarning, match=r"dvclive tracker skipped 'text': got a str"):
-        manager.log({"text": "x", "loss": 0.01})  # no step: DVCLive's own counter goes on
+    # a string is a DVCLive metric too (as Accelerate logs it); a list is not: skipped
+    with pytest.warns(UserWarning, match=r"dvclive tracker skipped 'sizes': got a list"):
+        manager.log({"text": "x", "loss": 0.01, "sizes": [1, 2]})  # no step: DVCLive's counter
     manager.finish()
+    assert _tsv_text(metrics_dir(out) / "text.tsv") == [(11, "x")]
 
-    metrics = out / "plots" / "metrics"
+    metrics = metrics_dir(out)
     assert _tsv(metrics / "loss.tsv") == [
         (0, 1.0),
         (5, pytest.approx(1 / 6)),
