@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hasten-installed
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test test-ecosystem test-clusters lint typecheck layers pytest bench clean install docs
+.PHONY: demo test test-ecosystem test-clusters lint typecheck layers pytest bench clean install conformance docs
 
 install: $(STAMP)
 
@@ -79,6 +79,17 @@ test-clusters: $(RAY)
 # (HASTEN_DOCS_SITE); pytest alone builds its own.
 docs: $(STAMP)
 	$(BIN)/sphinx-build -W --keep-going -E -q -b html docs docs/_build/html
+
+# Accelerate 1.15's own test suite against hasten (docs/conformance.md): downloads the release
+# archive into ~/.cache/hasten-conformance, runs each test file, compares the failures with
+# conformance/known_differences.txt. Not part of `make test` (its own ~10 min); CI runs both.
+CONFORMANCE_STAMP := $(VENV)/.conformance-installed
+$(CONFORMANCE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[conformance]"
+	@touch $(CONFORMANCE_STAMP)
+
+conformance: $(CONFORMANCE_STAMP) $(DS_OPS)
+	$(BIN)/python conformance/run.py
 
 bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
