@@ -29,8 +29,8 @@ demo: $(STAMP)
 	$(BIN)/hasten plot $(DEMO_DIR) -o $(DEMO_DIR)/metrics.png
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples docs
-	$(BIN)/ruff format --check src tests benchmarks examples docs
+	$(BIN)/ruff check src tests benchmarks examples docs conformance
+	$(BIN)/ruff format --check src tests benchmarks examples docs conformance
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -365,9 +365,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="test files run at once (default 2, or CONFORMANCE_JOBS)",
     )
     parser.add_argument("--no-gpu-gated", action="store_true", help="skip the CPU-gates pass")
-    parser.add_argument(
-        "--gpu-gated-only", action="store_true", help="run only the CPU-gates pass"
-    )
+    parser.add_argument("--gpu-gated-only", action="store_true", help="run only the CPU-gates pass")
     parser.add_argument(
         "--reference", action="store_true", help="run the tests on Accelerate itself instead"
     )
