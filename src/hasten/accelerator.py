@@ -1073,11 +1073,22 @@ class Accelerator:
         """
         restore: list[tuple[Any, bool]] = []
         if even_batches is not None:
+            iterable = False
             for loader in self._dataloaders:
                 sampler: Any = getattr(loader, "batch_sampler", None)
                 if hasattr(sampler, "even_batches"):
                     restore.append((sampler, sampler.even_batches))
                     sampler.even_batches = even_batches
+                else:
+                    iterable = True
+            if iterable and self.num_processes > 1:
+                warnings.warn(
+                    "Overriding even_batches is only supported for map-style datasets, yet some "
+                    "dataloaders given were iterable. (hasten: an iterable dataset's loader "
+                    "keeps its own even_batches.)",
+                    UserWarning,
+                    stacklevel=3,
+                )
         try:
             with self.strategy.join(joinables) as context:
                 yield context

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from _support.distributed import run_distributed
 
@@ -217,6 +219,11 @@ def test_trigger_sync_in_backward_all_reduces_inside_no_sync() -> None:
         assert agree == [False, True]
 
 
+class _Stream(IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(torch.arange(3.0))
+
+
 def _uneven_join() -> dict[str, Any]:
     from hasten import Accelerator
 
@@ -233,7 +240,15 @@ def _uneven_join() -> dict[str, Any]:
             opt.step()
             opt.zero_grad()
             seen += 1
-    return {"seen": seen, "restored": loader.batch_sampler.even_batches}
+    # an iterable dataset's loader cannot take the override: said, as Accelerate does
+    stream = acc.prepare(DataLoader(_Stream(), batch_size=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with acc.join_uneven_inputs([model], even_batches=False):
+            pass
+    del stream
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    return {"seen": seen, "restored": loader.batch_sampler.even_batches, "said": said}
 
 
 @pytest.mark.timeout(60)
@@ -241,3 +256,4 @@ def test_join_uneven_inputs_lets_the_longer_rank_finish() -> None:
     r0, r1 = run_distributed(_uneven_join, world_size=2)
     assert (r0["seen"], r1["seen"]) == (3, 2)
     assert r0["restored"] is True
+    assert any("only supported for map-style datasets" in m for m in r0["said"])
