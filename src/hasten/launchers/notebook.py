@@ -168,7 +168,19 @@ def _launch_elastic(
             elastic_launch(config, worker)(*args)
         except ChildFailedError as err:
             text, _ = format_failures(err.failures)
-            raise RuntimeError(text) from err
+            raise _worker_failed(err, text) from err
+
+
+def _worker_failed(err: Any, report: str) -> Exception:
+    """torch's `ChildFailedError` (what Accelerate's launcher raises, and its tests catch) that
+    is a `RuntimeError` too and reads as hasten's per-rank report."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    class WorkerFailedError(ChildFailedError, RuntimeError):
+        def __str__(self) -> str:
+            return report
+
+    return WorkerFailedError(err.name, err.failures)
 
 
 def _has_xpu() -> bool:

@@ -74,6 +74,10 @@ def test_notebook_launcher_reports_the_failing_rank() -> None:
     with pytest.raises(RuntimeError, match="rank one is unhappy") as info:
         notebook_launcher(_fail_on_rank_one, num_processes=2, use_port=str(free_port()))
     assert "rank 1" in str(info.value)
+    # torch's ChildFailedError too: Accelerate's notebook_launcher raises that (its tests catch it)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    assert isinstance(info.value, ChildFailedError) and info.value.failures
 
 
 def test_one_process_runs_in_this_process() -> None:
