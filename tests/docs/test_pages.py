@@ -25,7 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 #: The design notes are included in the site as they are; their code is fragments of the code
 #: base they describe, tested there.
-DESIGN_NOTES = {"architecture.md", "checkpoints.md", "conformance.md", "differences.md", "launch.md"}
+DESIGN_NOTES = {
+    "architecture.md",
+    "checkpoints.md",
+    "conformance.md",
+    "differences.md",
+    "launch.md",
+}
 FENCE = re.compile(
     r"^(?P<skip><!-- not run: [^>]+ -->\n)?```python\n(?P<code>.*?)^```$", re.M | re.S
 )

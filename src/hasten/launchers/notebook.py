@@ -15,7 +15,7 @@ from typing import Any
 
 from hasten.config import envvars
 from hasten.config.enums import parse_mixed_precision
-from hasten.core.environment import patch_environment
+from hasten.core.environment import are_libraries_initialized, patch_environment
 
 __all__ = ["debug_launcher", "notebook_launcher"]
 
@@ -84,7 +84,18 @@ def _check_can_fork(device_type: str) -> None:
             "An Accelerator/PartialState already exists in this process. Create it only "
             "inside the function given to notebook_launcher, then restart and relaunch."
         )
-    del device_type
+    accelerated = torch.cuda.is_available() or device_type == "xpu"
+    early = are_libraries_initialized("bitsandbytes") if accelerated else []
+    if early:
+        # bitsandbytes sets up the device when imported, which forked workers cannot share
+        # (on a CPU-only machine it sets up nothing, so the launch goes ahead there)
+        listed = "".join(f"\n\t* `{name}`" for name in early)
+        raise RuntimeError(
+            "Could not start distributed process. Libraries known to initialize device upon "
+            "import have been imported already. Please keep these imports inside your training "
+            f"function to try and help with this:{listed}\n(hasten: restart the notebook and "
+            "import them in the launched function.)"
+        )
 
 
 def _checked_precision(mixed_precision: str) -> str:

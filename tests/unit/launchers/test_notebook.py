@@ -123,3 +123,18 @@ def test_refuses_to_fork_with_state_in_use(monkeypatch: pytest.MonkeyPatch) -> N
 def test_debug_launcher_needs_a_process() -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         debug_launcher(print, num_processes=0)
+
+
+def test_notebook_launcher_refuses_after_bitsandbytes_was_imported_on_a_gpu_machine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+    import types
+
+    import torch
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # where bnb sets up CUDA
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    with pytest.raises(RuntimeError, match=r"Please keep these imports .*\n\t\* `bitsandbytes`"):
+        notebook_launcher(print, num_processes=2)
