@@ -1445,11 +1445,14 @@ class Accelerator:
         A damaged or partial checkpoint is refused (naming the file); any part that cannot be
         restored raises, naming it, unless ``strict=False``, which warns once per part.
         """
-        map_location = (load_kwargs or {}).get("map_location", "cpu")
+        from hasten.checkpointing.functional import optimizer_map_location
+
+        # Accelerate takes map_location among the keyword arguments (None, "cpu", "on_device")
+        where = load_model_func_kwargs.pop("map_location", (load_kwargs or {}).get("map_location"))
         attributes = self._checkpoints.load_state(
             input_dir,
             self._checkpoint_contents(for_save=False),
-            map_location=map_location,
+            map_location=optimizer_map_location(where),
             strict=strict,
         )
         self.step = int(attributes.get("step", self.step))  # the accumulation micro-step count

@@ -627,3 +627,20 @@ def test_save_model_of_an_offloaded_model_onloads_its_weights(tmp_path: Path) ->
         RuntimeError, match="^You can't save the model since some parameters are on the meta device"
     ):
         acc.save_model(empty, str(tmp_path / "empty"))
+
+
+def test_load_state_takes_accelerates_map_location(tmp_path: Path) -> None:
+    # Accelerate's test_map_location (2 processes): cpu, on_device, and a refused value
+    acc = Accelerator(cpu=True)
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    acc.backward(model(torch.randn(4, 8)).sum())
+    opt.step()
+    acc.save_state(str(tmp_path / "ckpt"))
+    for where in ("cpu", "on_device", None):
+        acc.load_state(str(tmp_path / "ckpt"), map_location=where)
+        state = opt.state_dict()["state"][0]["exp_avg"]
+        assert state.device.type == acc.device.type == "cpu"
+    with pytest.raises(TypeError, match="^Unsupported optimizer map location passed"):
+        acc.load_state(str(tmp_path / "ckpt"), map_location="invalid")

@@ -23,6 +23,7 @@ from hasten.state import PartialState
 __all__ = [
     "load_accelerator_state",
     "load_custom_state",
+    "optimizer_map_location",
     "save_accelerator_state",
     "save_custom_state",
 ]
@@ -78,6 +79,20 @@ def save_accelerator_state(
 _MAP_LOCATIONS = (None, "cpu", "on_device")
 
 
+def optimizer_map_location(map_location: Any) -> Any:
+    """Where optimizer states load: None/"cpu" -> "cpu", "on_device" -> this process's device.
+
+    Raises:
+        TypeError: any other value (Accelerate's sentence first).
+    """
+    if map_location not in _MAP_LOCATIONS:
+        raise TypeError(
+            "Unsupported optimizer map location passed, please choose one of `None`, `'cpu'`, or "
+            f"`'on_device'`. (hasten: got {map_location!r}.)"
+        )
+    return PartialState().device if map_location == "on_device" else "cpu"
+
+
 def load_accelerator_state(
     input_dir: str | os.PathLike[str],
     models: list[torch.nn.Module],
@@ -104,12 +119,7 @@ def load_accelerator_state(
         ValueError: `process_index` is not this process's index (and see `load_contents`).
     """
     _check_process_index(process_index)
-    if map_location not in _MAP_LOCATIONS:
-        raise TypeError(
-            f"Unsupported optimizer map location {map_location!r}; choose one of None, 'cpu' "
-            "or 'on_device'."
-        )
-    location = PartialState().device if map_location == "on_device" else "cpu"
+    location = optimizer_map_location(map_location)
     unsupported = {k: v for k, v in (load_kwargs or {}).items() if (k, v) != ("weights_only", True)}
     if unsupported:
         raise TypeError(
