@@ -84,3 +84,26 @@ def test_merge_refuses_non_checkpoints_and_outputs_inside_a_removed_folder(tmp_p
         merge_sharded_checkpoint(tmp_path, tmp_path / "out")
     with pytest.raises(ValueError, match="inside checkpoint_dir"):
         merge_sharded_checkpoint(tmp_path, tmp_path / "out", remove_checkpoint_dir=True)
+
+
+def _save_then_merge_everywhere(folder: str) -> list[str]:
+    # Accelerate's test_merge_weights: every process merges, then reads the merged file at once
+    from hasten.checkpointing.fsdp_utils import merge_fsdp_weights
+    from hasten.commands.merge import merge_command, merge_command_parser
+
+    _save(folder, False)
+    merge_fsdp_weights(str(Path(folder) / "sharded"), str(Path(folder) / "a"))
+    first = sorted(load_file(Path(folder) / "a" / "model.safetensors"))
+    args = merge_command_parser().parse_args(
+        [str(Path(folder) / "sharded"), str(Path(folder) / "b")]
+    )
+    merge_command(args)
+    return first + sorted(load_file(Path(folder) / "b" / "model.safetensors"))
+
+
+@pytest.mark.timeout(120)
+def test_merge_called_by_every_process_merges_once_and_waits(tmp_path: Path) -> None:
+    for keys in run_distributed(
+        _save_then_merge_everywhere, str(tmp_path), world_size=2, timeout=90
+    ):
+        assert keys == ["0.bias", "0.weight", "0.bias", "0.weight"]

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hasten.checkpointing.io import atomic_write, load
-from hasten.checkpointing.merge import merge_sharded_checkpoint
+from hasten.checkpointing.merge import merge_on_main_process
 from hasten.checkpointing.sharded_state import sharded_model_dir, sharded_optimizer_dir
 from hasten.config import envvars
 from hasten.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
@@ -63,8 +63,12 @@ def merge_fsdp_weights(
     safe_serialization: bool = True,
     remove_checkpoint_dir: bool = False,
 ) -> None:
-    """Merge a sharded (DCP) FSDP checkpoint folder into one model file, in one process."""
-    merge_sharded_checkpoint(checkpoint_dir, output_path, safe_serialization, remove_checkpoint_dir)
+    """Merge a sharded (DCP) FSDP checkpoint folder into one model file.
+
+    Called by every process of a job (as Accelerate's is), the main process merges and the
+    others wait for it, so each can read the merged file once this returns.
+    """
+    merge_on_main_process(checkpoint_dir, output_path, safe_serialization, remove_checkpoint_dir)
 
 
 def enable_fsdp_ram_efficient_loading() -> None:

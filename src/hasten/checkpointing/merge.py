@@ -19,8 +19,9 @@ import torch
 from hasten.checkpointing.io import save
 from hasten.checkpointing.sharded import SHARDED_METADATA, is_sharded_checkpoint
 from hasten.core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from hasten.state import PartialState
 
-__all__ = ["load_merged_state_dict", "merge_sharded_checkpoint"]
+__all__ = ["load_merged_state_dict", "merge_on_main_process", "merge_sharded_checkpoint"]
 
 
 def _strip_single_root(state: dict[str, Any], paths: dict[str, Any]) -> dict[str, Any]:
@@ -97,4 +98,25 @@ def merge_sharded_checkpoint(
     save(state, target, safe_serialization=safe_serialization)
     if remove_checkpoint_dir:
         shutil.rmtree(source)
+    return target
+
+
+def merge_on_main_process(
+    checkpoint_dir: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
+    safe_serialization: bool = True,
+    remove_checkpoint_dir: bool = False,
+) -> Path:
+    """`merge_sharded_checkpoint` called by every process of a job: the main process merges, the
+    others wait for it, so each can read the merged file once this returns (as Accelerate's
+    ``merge_fsdp_weights``). Returns the merged file's path on every process."""
+    state = PartialState()
+    target = Path(output_path).resolve() / (
+        SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME
+    )
+    if state.is_main_process:
+        target = merge_sharded_checkpoint(
+            checkpoint_dir, output_path, safe_serialization, remove_checkpoint_dir
+        )
+    state.wait_for_everyone()
     return target

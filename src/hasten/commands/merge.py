@@ -1,7 +1,8 @@
 """``hasten merge-weights``: a sharded checkpoint folder -> one safetensors model file.
 
-Runs in one process with no process group, so the result loads anywhere
-(``safetensors.torch.load_file`` or ``load_checkpoint_in_model``).
+The result loads anywhere (``safetensors.torch.load_file`` or ``load_checkpoint_in_model``).
+Called from every process of a job (as Accelerate's tests do), the main process merges and the
+others wait for it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from hasten.checkpointing.merge import merge_sharded_checkpoint
+from hasten.checkpointing.merge import merge_on_main_process
 from hasten.commands.utils import CustomArgumentParser
 
 __all__ = ["main", "merge_command", "merge_command_parser", "register"]
@@ -43,7 +44,7 @@ def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 def merge_command(args: argparse.Namespace) -> int:
     """Run ``hasten merge-weights``; print where the merged model is."""
-    path = merge_sharded_checkpoint(
+    path = merge_on_main_process(
         args.checkpoint_directory,
         args.output_path,
         safe_serialization=not args.unsafe_serialization,
