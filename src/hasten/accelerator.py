@@ -1089,6 +1089,14 @@ class Accelerator:
                     UserWarning,
                     stacklevel=3,
                 )
+        if self.num_processes > 1 and not self.strategy.joins_uneven_inputs:
+            warnings.warn(
+                "Joining uneven inputs is only supported for multi-GPU training, as a result "
+                "`join_uneven_inputs` will have no effect. (hasten: only DDP shadows the "
+                f"collectives of finished processes; this run uses {self.strategy.name}.)",
+                UserWarning,
+                stacklevel=3,
+            )
         try:
             with self.strategy.join(joinables) as context:
                 yield context

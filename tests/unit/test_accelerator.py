@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+import warnings
 from pathlib import Path
 
 import pytest
@@ -644,3 +645,18 @@ def test_load_state_takes_accelerates_map_location(tmp_path: Path) -> None:
         assert state.device.type == acc.device.type == "cpu"
     with pytest.raises(TypeError, match="^Unsupported optimizer map location passed"):
         acc.load_state(str(tmp_path / "ckpt"), map_location="invalid")
+
+
+def test_join_uneven_inputs_says_when_the_engine_cannot_join(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    acc = Accelerator(cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with acc.join_uneven_inputs([]):  # one process: nothing to say
+            pass
+    monkeypatch.setattr(Accelerator, "num_processes", property(lambda self: 2))
+    assert not acc.strategy.joins_uneven_inputs  # not DDP (FSDP, DeepSpeed, ...)
+    with pytest.warns(UserWarning, match="^Joining uneven inputs is only supported for multi-GPU"):
+        with acc.join_uneven_inputs([]):
+            pass

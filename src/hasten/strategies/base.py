@@ -57,6 +57,8 @@ class Strategy:
     shards_parameters: bool = False
     #: True when the engine places and steps the optimizer state itself (DeepSpeed).
     owns_optimizer_step: bool = False
+    #: True when `join` lets processes with fewer batches shadow the others (DDP's Join).
+    joins_uneven_inputs: bool = False
 
     def check_usable(self) -> None:
         """Raise (naming the fix) if this strategy cannot run here (a missing package, no CUDA,

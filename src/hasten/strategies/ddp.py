@@ -61,6 +61,7 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
     syncs_gradients = True
+    joins_uneven_inputs = True
 
     def __init__(
         self, device_ids: list[int] | None = None, ddp_kwargs: DDPWrapSettings | None = None
