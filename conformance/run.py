@@ -16,6 +16,7 @@ written inside the repository.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -214,9 +215,38 @@ def _base_env(work: Path) -> dict[str, str]:
     return env
 
 
-def hasten_setup(archive: Path, work: Path, cpu_gates: bool) -> Setup:
+def add_checkout_files(checkout: Path, work: Path, redirect: bool) -> None:
+    """Copy what the archive lacks from an Accelerate checkout (``--tests-from``).
+
+    Its ``tests/fsdp``, ``tests/deepspeed`` and ``tests/tp`` folders, the ``tests/test_configs``
+    and ``tests/test_samples`` data, and ``examples/``; Python files get the same redirection.
+    """
+    for part in (
+        "tests/fsdp",
+        "tests/deepspeed",
+        "tests/tp",
+        "tests/test_configs",
+        "tests/test_samples",
+        "examples",
+    ):
+        source = checkout / part
+        if not source.is_dir():
+            continue
+        for path in source.rglob("*"):
+            if path.is_file():
+                target = work / part / path.relative_to(source)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                content = path.read_bytes()
+                if redirect and path.suffix == ".py":
+                    content = redirect_dotted_names(content)
+                target.write_bytes(content)
+
+
+def hasten_setup(archive: Path, work: Path, cpu_gates: bool, checkout: Path | None = None) -> Setup:
     """The archive's tests unpacked for hasten: import hook, dotted names, CLI shims."""
     unpack(archive, work, redirect=True)
+    if checkout is not None:
+        add_checkout_files(checkout, work, redirect=True)
     write_shims(work / "bin")
     env = _base_env(work)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REDIRECT), env.get("PYTHONPATH")]))
@@ -230,7 +260,7 @@ def hasten_setup(archive: Path, work: Path, cpu_gates: bool) -> Setup:
     return Setup(work, sys.executable, env)
 
 
-def reference_setup(archive: Path, cache: Path, work: Path) -> Setup:
+def reference_setup(archive: Path, cache: Path, work: Path, checkout: Path | None = None) -> Setup:
     """The same tests against Accelerate itself, in a scratch venv sharing this one's packages."""
     venv = cache / "reference-venv"
     python = venv / "bin" / "python"
@@ -254,6 +284,8 @@ def reference_setup(archive: Path, cache: Path, work: Path) -> Setup:
             check=True,
         )
     unpack(archive, work, redirect=False)
+    if checkout is not None:
+        add_checkout_files(checkout, work, redirect=False)
     plugin_only = work / "plugin"
     plugin_only.mkdir()
     (plugin_only / "hasten_conformance").symlink_to(REDIRECT / "hasten_conformance")
@@ -278,6 +310,8 @@ def run_file(setup: Setup, targets: list[str], name: str) -> dict[str, dict[str,
             command, cwd=setup.work, env=env, stdout=out, stderr=out, start_new_session=True
         )
         _wait_for_exit(process, results, log)
+    with contextlib.suppress(ProcessLookupError):  # launched jobs a timed-out test left behind
+        os.killpg(process.pid, signal.SIGKILL)
     if not results.is_file():
         return {targets[0]: {"outcome": "failed", "why": f"pytest wrote no results; see {log}"}}
     outcomes = {}
@@ -369,7 +403,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--reference", action="store_true", help="run the tests on Accelerate itself instead"
     )
+    parser.add_argument(
+        "--tests-from",
+        type=Path,
+        default=None,
+        help="an Accelerate checkout: adds tests/fsdp, tests/deepspeed, tests/tp and the test data "
+        "the release archive lacks (not used by make conformance)",
+    )
     return parser.parse_args(argv)
+
+
+def _test_files(work: Path) -> list[str]:
+    """Every test file under ``work/tests`` (the archive's, and a checkout's subfolders)."""
+    return sorted(str(p.relative_to(work)) for p in (work / "tests").rglob("test_*.py"))
 
 
 def _groups(targets: list[str]) -> dict[str, list[str]]:
@@ -385,8 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     archive = fetch_archive(args.cache)
     root = args.cache / f"accelerate-{VERSION}"
     if args.reference:
-        setup = reference_setup(archive, args.cache, root / "reference")
-        every = sorted(f"tests/{p.name}" for p in setup.work.glob("tests/test_*.py"))
+        setup = reference_setup(archive, args.cache, root / "reference", args.tests_from)
+        every = _test_files(setup.work)
         outcomes = run_all(setup, _groups(args.files or every), args.jobs)
         total = print_table(f"Accelerate {VERSION}'s tests on Accelerate itself", outcomes, [])
         print(
@@ -395,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{time.monotonic() - started:.0f} s"
         )
         return 0
-    setup = hasten_setup(archive, root / "hasten", cpu_gates=False)
-    files = args.files or sorted(f"tests/{p.name}" for p in setup.work.glob("tests/test_*.py"))
+    setup = hasten_setup(archive, root / "hasten", cpu_gates=False, checkout=args.tests_from)
+    files = args.files or _test_files(setup.work)
     known = read_known()
     outcomes = {} if args.gpu_gated_only else run_all(setup, _groups(files), args.jobs)
     total = print_table(f"Accelerate {VERSION}'s tests on hasten", outcomes, [])
@@ -406,9 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     gated_line = ""
     if not args.no_gpu_gated:
         chosen = {file_of(f) for f in files}
-        gated = [t for t in read_gated() if file_of(t) in chosen]
+        present = set(_test_files(setup.work))
+        gated = [t for t in read_gated() if file_of(t) in chosen and file_of(t) in present]
         if gated:
-            gated_setup = hasten_setup(archive, root / "hasten-cpu-gates", cpu_gates=True)
+            gated_setup = hasten_setup(
+                archive, root / "hasten-cpu-gates", cpu_gates=True, checkout=args.tests_from
+            )
             gated_outcomes = run_all(gated_setup, _groups(gated), args.jobs)
             gated_total = print_table(
                 "GPU-gated tests on CPU processes (HASTEN_CONFORMANCE_CPU_GATES=1)",
