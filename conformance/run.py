@@ -186,10 +186,10 @@ def read_known() -> dict[str, Known]:
     return known
 
 
-def read_gated() -> list[str]:
+def read_gated(listing: Path = CPU_GATED) -> list[str]:
     """cpu_gated.txt: the GPU-gated test ids whose bodies run on CPU processes."""
     ids = []
-    for raw in CPU_GATED.read_text().splitlines():
+    for raw in listing.read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
         if line:
             ids.append(line.split()[0])
@@ -242,7 +242,13 @@ def add_checkout_files(checkout: Path, work: Path, redirect: bool) -> None:
                 target.write_bytes(content)
 
 
-def hasten_setup(archive: Path, work: Path, cpu_gates: bool, checkout: Path | None = None) -> Setup:
+def hasten_setup(
+    archive: Path,
+    work: Path,
+    cpu_gates: bool,
+    checkout: Path | None = None,
+    gated_list: Path = CPU_GATED,
+) -> Setup:
     """The archive's tests unpacked for hasten: import hook, dotted names, CLI shims."""
     unpack(archive, work, redirect=True)
     if checkout is not None:
@@ -256,7 +262,7 @@ def hasten_setup(archive: Path, work: Path, cpu_gates: bool, checkout: Path | No
     env["HASTEN_CONFORMANCE_ACCELERATE_DIR"] = str(work / "accelerate")
     if cpu_gates:
         env["HASTEN_CONFORMANCE_CPU_GATES"] = "1"
-        env["HASTEN_CONFORMANCE_OPEN_GATES"] = str(CPU_GATED)
+        env["HASTEN_CONFORMANCE_OPEN_GATES"] = str(gated_list.resolve())
     return Setup(work, sys.executable, env)
 
 
@@ -404,6 +410,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--reference", action="store_true", help="run the tests on Accelerate itself instead"
     )
     parser.add_argument(
+        "--gated-list",
+        type=Path,
+        default=CPU_GATED,
+        help="the GPU-gated tests to run on CPU (default conformance/cpu_gated.txt)",
+    )
+    parser.add_argument(
         "--tests-from",
         type=Path,
         default=None,
@@ -453,10 +465,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_gpu_gated:
         chosen = {file_of(f) for f in files}
         present = set(_test_files(setup.work))
-        gated = [t for t in read_gated() if file_of(t) in chosen and file_of(t) in present]
+        listed = read_gated(args.gated_list)
+        gated = [t for t in listed if file_of(t) in chosen and file_of(t) in present]
         if gated:
             gated_setup = hasten_setup(
-                archive, root / "hasten-cpu-gates", cpu_gates=True, checkout=args.tests_from
+                archive,
+                root / "hasten-cpu-gates",
+                cpu_gates=True,
+                checkout=args.tests_from,
+                gated_list=args.gated_list,
             )
             gated_outcomes = run_all(gated_setup, _groups(gated), args.jobs)
             gated_total = print_table(
