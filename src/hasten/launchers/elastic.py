@@ -27,6 +27,7 @@ __all__ = [
     "run",
     "run_workers",
     "script_command",
+    "single_machine_port",
     "worker_command",
 ]
 
@@ -66,13 +67,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def single_machine_port(host: str, port: int) -> int:
+    """`port` for a rendezvous on this machine only, or a free one when it is taken (or 0)."""
+    if port == 0 or _port_in_use(host, port):
+        return _free_port()
+    return port
+
+
 def choose_port(plan: LaunchPlan) -> int:
     """Return the rendezvous port: the plan's, or a free one on a single machine when taken."""
     port = plan.main_process_port
     if plan.num_machines == 1:
-        if port == 0 or _port_in_use(plan.main_process_ip, port):
-            return _free_port()
-        return port
+        return single_machine_port(plan.main_process_ip, port)
     static_host = plan.machine_rank == 0 and plan.rdzv_backend == "static"
     if static_host and (port == 0 or _port_in_use(plan.main_process_ip, port)):
         raise RuntimeError(

@@ -142,6 +142,11 @@ def notebook_launcher(
         with patch_environment(accelerate_mixed_precision=precision):
             function(*args)
         return
+    if num_nodes == 1 and not rdzv_endpoint:
+        # as `hasten launch`: on one machine a port another job holds is swapped for a free one
+        from hasten.launchers.elastic import single_machine_port
+
+        use_port = str(single_machine_port(master_addr, int(use_port)))
     _launch_elastic(
         _Worker(function, set_ranks=False, world_size=num_processes * num_nodes),
         args,

@@ -138,3 +138,18 @@ def test_notebook_launcher_refuses_after_bitsandbytes_was_imported_on_a_gpu_mach
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     with pytest.raises(RuntimeError, match=r"Please keep these imports .*\n\t\* `bitsandbytes`"):
         notebook_launcher(print, num_processes=2)
+
+
+@pytest.mark.timeout(60)
+def test_notebook_launcher_on_one_machine_moves_off_a_taken_port(tmp_path: Path) -> None:
+    # another job holds the port (Accelerate's test_notebook uses the default 29500)
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = str(holder.getsockname()[1])
+        notebook_launcher(
+            _all_reduce_job, args=(str(tmp_path), "p"), num_processes=2, use_port=taken
+        )
+    assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["2 3 no", "2 3 no"]
