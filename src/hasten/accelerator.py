@@ -71,6 +71,11 @@ __all__ = ["Accelerator"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _UNSET: Any = object()
+_NO_JOIN = (
+    "Joining uneven inputs is only supported for multi-GPU training, as a result "
+    "`join_uneven_inputs` will have no effect. (hasten: only DDP shadows the collectives of "
+    "finished processes; this run uses {}.)"
+)
 
 
 def _handler_slots() -> dict[type[KwargsHandler], str]:
@@ -1071,38 +1076,16 @@ class Accelerator:
             even_batches: override ``even_batches`` of the prepared map-style data loaders
                 inside the context (e.g. False to really see uneven inputs).
         """
-        restore: list[tuple[Any, bool]] = []
-        if even_batches is not None:
-            iterable = False
-            for loader in self._dataloaders:
-                sampler: Any = getattr(loader, "batch_sampler", None)
-                if hasattr(sampler, "even_batches"):
-                    restore.append((sampler, sampler.even_batches))
-                    sampler.even_batches = even_batches
-                else:
-                    iterable = True
-            if iterable and self.num_processes > 1:
-                warnings.warn(
-                    "Overriding even_batches is only supported for map-style datasets, yet some "
-                    "dataloaders given were iterable. (hasten: an iterable dataset's loader "
-                    "keeps its own even_batches.)",
-                    UserWarning,
-                    stacklevel=3,
-                )
-        if self.num_processes > 1 and not self.strategy.joins_uneven_inputs:
-            warnings.warn(
-                "Joining uneven inputs is only supported for multi-GPU training, as a result "
-                "`join_uneven_inputs` will have no effect. (hasten: only DDP shadows the "
-                f"collectives of finished processes; this run uses {self.strategy.name}.)",
-                UserWarning,
-                stacklevel=3,
-            )
-        try:
-            with self.strategy.join(joinables) as context:
-                yield context
-        finally:
-            for sampler, value in restore:
-                sampler.even_batches = value
+        from hasten.data_loader.samplers import override_even_batches
+
+        several = self.num_processes > 1
+        if several and not self.strategy.joins_uneven_inputs:
+            warnings.warn(_NO_JOIN.format(self.strategy.name), UserWarning, stacklevel=3)
+        with (
+            override_even_batches(self._dataloaders, even_batches, several=several),
+            self.strategy.join(joinables) as context,
+        ):
+            yield context
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Unscale the gradients of ``optimizer`` (default: every prepared one) under fp16."""
@@ -1325,7 +1308,7 @@ class Accelerator:
         Only the main process writes; tied weights are stored once. Sharded (FSDP2) models are
         gathered one shard file at a time: every process must call this.
         """
-        from hasten.checkpointing.model import save_model_weights
+        from hasten.checkpointing.model import save_model_weights, state_dict_to_save
 
         parts = self.strategy.full_state_dict_parts(model)
         if parts is not None:
@@ -1339,18 +1322,7 @@ class Accelerator:
                 write=self.is_main_process,
             )
             return
-        from hasten.big_modeling.onload import get_state_dict_offloaded_model, has_offloaded_params
-
-        if any(has_offloaded_params(module) for module in model.modules()):
-            # weights offloaded to cpu/disk by dispatch hooks: onloaded one module at a time
-            state_dict = get_state_dict_offloaded_model(model)
-        else:
-            if any(param.device.type == "meta" for param in model.parameters()):
-                raise RuntimeError(
-                    "You can't save the model since some parameters are on the meta device. "
-                    "(hasten: load its weights first, e.g. with load_checkpoint_and_dispatch.)"
-                )
-            state_dict = self.get_state_dict(model)
+        state_dict = state_dict_to_save(model, self.get_state_dict)
         if self.is_main_process:
             save_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)
 

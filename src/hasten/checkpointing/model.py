@@ -32,9 +32,30 @@ from hasten.core.constants import (
 )
 from hasten.core.units import convert_file_size_to_int
 
-__all__ = ["plan_shards", "save_model_weights", "saves_model_in_mesh"]
+__all__ = ["plan_shards", "save_model_weights", "saves_model_in_mesh", "state_dict_to_save"]
 
 logger = logging.getLogger(__name__)
+
+
+def state_dict_to_save(
+    model: torch.nn.Module, get_state_dict: Callable[[torch.nn.Module], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """The weights `save_model` writes: offloaded ones (dispatch hooks) onloaded module by module,
+    else ``get_state_dict(model)``.
+
+    Raises:
+        RuntimeError: parameters on the meta device without offload hooks (Accelerate's words).
+    """
+    from hasten.big_modeling.onload import get_state_dict_offloaded_model, has_offloaded_params
+
+    if any(has_offloaded_params(module) for module in model.modules()):
+        return get_state_dict_offloaded_model(model)
+    if any(param.device.type == "meta" for param in model.parameters()):
+        raise RuntimeError(
+            "You can't save the model since some parameters are on the meta device. (hasten: "
+            "load its weights first, e.g. with load_checkpoint_and_dispatch.)"
+        )
+    return get_state_dict(model)
 
 
 def saves_model_in_mesh(config: ParallelismConfig, rank: int) -> bool:

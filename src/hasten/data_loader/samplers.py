@@ -10,13 +10,15 @@ permutation without communicating.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler
 
-__all__ = ["BatchSamplerShard", "SeedableRandomSampler", "get_sampler"]
+__all__ = ["BatchSamplerShard", "SeedableRandomSampler", "get_sampler", "override_even_batches"]
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -232,3 +234,37 @@ def get_sampler(dataloader: Any) -> Sampler[Any] | None:
     if isinstance(dataloader.sampler, BatchSampler):
         return getattr(dataloader.sampler, "sampler", None)
     return getattr(dataloader.batch_sampler, "sampler", None)
+
+
+@contextlib.contextmanager
+def override_even_batches(
+    loaders: Iterable[Any], even_batches: bool | None, *, several: bool
+) -> Iterator[None]:
+    """Set the loaders' batch samplers' ``even_batches`` inside the block (None: leave them).
+
+    A loader of an iterable dataset has no such sampler and keeps its own; with `several`
+    processes that is said with a warning, as Accelerate's ``join_uneven_inputs`` does.
+    """
+    restore: list[tuple[Any, bool]] = []
+    if even_batches is not None:
+        skipped = False
+        for loader in loaders:
+            sampler: Any = getattr(loader, "batch_sampler", None)
+            if hasattr(sampler, "even_batches"):
+                restore.append((sampler, sampler.even_batches))
+                sampler.even_batches = even_batches
+            else:
+                skipped = True
+        if skipped and several:
+            warnings.warn(
+                "Overriding even_batches is only supported for map-style datasets, yet some "
+                "dataloaders given were iterable. (hasten: an iterable dataset's loader keeps "
+                "its own even_batches.)",
+                UserWarning,
+                stacklevel=4,
+            )
+    try:
+        yield
+    finally:
+        for sampler, value in restore:
+            sampler.even_batches = value
