@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_checkpoint import LAYER, _build, _fsync  # the same model, AdamW and fsync
 
-LAYER = 1024  # Linear(1024, 1024): 4 MB of weights each
 KINDS = ("shared", "per-process")
 
 
@@ -45,26 +45,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _model(mb: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    layers = max(1, mb // 4)
-    model = torch.nn.Sequential(*[torch.nn.Linear(LAYER, LAYER, bias=False) for _ in range(layers)])
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-
 def _step(model: Any, optimizer: Any, backward: Callable[[Any], None]) -> None:
     loss = model(torch.ones(2, LAYER)).square().mean()
     backward(loss)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _folder(root: Path, kind: str, rank: int, index: int) -> Path:
@@ -95,7 +80,7 @@ def _raw_worker(mb: int, root: Path, rounds: int) -> dict[str, float]:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model, optimizer = _model(mb)
+    model, optimizer = _build(mb, stepped=False)
     ddp = DistributedDataParallel(model)
     _step(ddp, optimizer, lambda loss: loss.backward())
 
@@ -122,7 +107,7 @@ def _accelerator_worker(module: str, mb: int, root: Path, rounds: int) -> dict[s
     import torch.distributed as dist
 
     accelerator = importlib.import_module(module).Accelerator(cpu=True)
-    model, optimizer = _model(mb)
+    model, optimizer = _build(mb, stepped=False)
     model, optimizer = accelerator.prepare(model, optimizer)
     _step(model, optimizer, accelerator.backward)
 

@@ -42,7 +42,7 @@ from hasten.checkpointing.manifest import FileRecord
 from hasten.ops.comm import Communicator, current_comm, group_comm
 from hasten.state import PartialState
 from hasten.state._shared import register_reset_hook
-from hasten.state.recorder import CollectiveTimeoutError
+from hasten.state.recorder import CollectiveTimeoutError, default_store
 
 __all__ = [
     "CLAIM_PREFIX",
@@ -91,21 +91,10 @@ def _world() -> Any:
     return dist.group.WORLD
 
 
-def _store() -> Any:
-    """The default group's store (torch keeps it private; None where that changes)."""
-    import torch.distributed as dist
-
-    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
-    try:
-        return getter() if getter is not None else None
-    except (RuntimeError, ValueError):
-        return None
-
-
 def _session(world: Any) -> str:
     """One id per process group, the same on every process: the first process to ask sets it."""
     mine = uuid.uuid4().hex[:8]
-    store = _store()
+    store = default_store()
     if store is not None:
         return bytes(store.compare_set(_SESSION_KEY, "", mine)).decode()
     shared = [mine]
@@ -238,7 +227,7 @@ class SaveAgreement:
     def share(self, records: list[FileRecord]) -> None:
         """Leave this process's records where its folder's owner reads them."""
         self._records = list(records)
-        store = _store() if self.num_processes > 1 else None
+        store = default_store() if self.num_processes > 1 else None
         if store is not None:
             payload = json.dumps([r.to_json() for r in records])
             store.set(_RECORDS_KEY.format(token=self.token, rank=self.rank), payload)
@@ -276,7 +265,7 @@ class SaveAgreement:
         found = list(self._records) if self.rank in ranks else []
         others = [r for r in ranks if r != self.rank]
         if others:
-            store = _store()
+            store = default_store()
             keys = [_RECORDS_KEY.format(token=self.token, rank=r) for r in others]
             for payload in store.multi_get(keys):
                 found += [FileRecord.from_json(f) for f in json.loads(bytes(payload))]
@@ -295,7 +284,7 @@ class SaveAgreement:
     def forget(self) -> None:
         """Drop this process's records from the store (no owner will read them)."""
         if self._shared_key:
-            store = _store()
+            store = default_store()
             with contextlib.suppress(Exception):  # the store's host may be gone at the end
                 store.delete_key(_RECORDS_KEY.format(token=self.token, rank=self.rank))
             self._shared_key = False

@@ -167,15 +167,6 @@ def _remember_made_group(backend: str) -> None:
         _made_group[:] = [weakref.ref(world)]
 
 
-def _default_store() -> Any:
-    """The default group's store (torch keeps it private; None where that changes)."""
-    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
-    try:
-        return getter() if getter is not None else None
-    except (RuntimeError, ValueError):
-        return None
-
-
 def _destroyed_barrier(num_processes: int) -> Callable[[], None]:
     def barrier() -> None:
         raise ProcessGroupDestroyedError(
@@ -523,7 +514,7 @@ class PartialState(SharedState):
             if ours:
                 # Keep the rendezvous store: a restart then needs no new rendezvous (where rank
                 # 0 hosts the store, a peer could otherwise join the old one as it closes).
-                self._kept_store = _default_store()
+                self._kept_store = recorder.default_store()
             dist.destroy_process_group(group)
             if ours:
                 self._group_destroyed = True

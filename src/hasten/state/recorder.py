@@ -28,6 +28,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "FlightRecord",
     "REPORT_WAIT_S",
+    "default_store",
     "describe",
     "guarded",
     "is_peer_lost_error",
@@ -78,6 +79,18 @@ def reset() -> None:
     _seq = 0
 
 
+def default_store() -> Any:
+    """The default process group's store (torch keeps its getter private; None without a group
+    or where that changes)."""
+    import torch.distributed as dist
+
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    try:
+        return getter() if getter is not None else None
+    except (RuntimeError, ValueError):
+        return None
+
+
 def note(step: str | None) -> None:
     """Leave word of what this process is doing now (None: nothing worth reporting).
 
@@ -89,19 +102,17 @@ def note(step: str | None) -> None:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set(_NOTE.format(rank=dist.get_rank()), step or "")
+        default_store().set(_NOTE.format(rank=dist.get_rank()), step or "")
     except Exception:  # noqa: BLE001 - a note only helps a report; never fail the work for it
         pass
 
 
 def _notes(world_size: int) -> dict[int, str]:
     """Every rank's last `note` that says something."""
-    import torch.distributed as dist
 
     found: dict[int, str] = {}
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = default_store()
         for rank in range(world_size):
             key = _NOTE.format(rank=rank)
             if store.check([key]):
