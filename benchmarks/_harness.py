@@ -76,7 +76,7 @@ def record_snapshot_holds() -> tuple[list[float], Callable[[], None]]:
     Returns:
         The list each wait's seconds are appended to, and a function that undoes the patch.
     """
-    from hasten.checkpointing import writer
+    from hasten.checkpointing.storage import writer
 
     held: list[float] = []
     hold = writer.Snapshot._hold

@@ -189,7 +189,7 @@ def _async_child(mb: int, folder: str, rounds: int) -> None:
     The parent also holds the raw and Accelerate baselines (2.4 GB more), which slows this VM's
     memory copies by a third; a training job has only its own state. Each save is followed by a
     training step: after an async save that step may wait for the optimizer state's copy (see
-    hasten.checkpointing.writer.Snapshot), and the wait counts as blocked time. The step is also
+    hasten.checkpointing.storage.writer.Snapshot), and the wait counts as blocked time. The step is also
     slower while the writer thread shares the cores; that is reported apart. The first round
     allocates the host buffers and is left out.
     """

@@ -128,7 +128,7 @@ def _async_blocking(
     """How long save_state(async_save=True) blocks the loop, beside a synchronous save_state.
 
     Blocked = the call + what the next optimizer step waits for the optimizer state's copy
-    (taken on the writer thread, see hasten.checkpointing.writer.Snapshot). The step after each
+    (taken on the writer thread, see hasten.checkpointing.storage.writer.Snapshot). The step after each
     save is timed too (a background write shares the cores). Round 0 makes the writer's
     process group and host buffers and is left out.
     """

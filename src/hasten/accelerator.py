@@ -1287,7 +1287,7 @@ class Accelerator:
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per job (once per node with ``save_on_each_node``)."""
-        from hasten.checkpointing import io
+        from hasten.checkpointing.storage import io
 
         io.save(
             obj,

@@ -52,7 +52,7 @@ class Net(TinyTransformer):
     The head has fewer rows than processes: FSDP1's sharded state dict then holds no chunk of
     it on process 1, which DCP's pre-2.4 fallback took for an old checkpoint layout (``Missing
     key in checkpoint state_dict: optimizer_0.param_groups``, see
-    `hasten.checkpointing.dcp_safe.SafeLoadPlanner`).
+    `hasten.checkpointing.storage.dcp_safe.SafeLoadPlanner`).
     """
 
     tp_plan = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from _support.distributed import run_distributed
-from hasten.checkpointing.io import load
+from hasten.checkpointing.storage.io import load
 
 pytestmark = pytest.mark.distributed
 
 
 def _save_from_every_rank(folder: str) -> list[str]:
-    from hasten.checkpointing.io import save
+    from hasten.checkpointing.storage.io import save
     from hasten.state import PartialState
 
     state = PartialState()

@@ -164,7 +164,7 @@ def test_save_on_each_node_writes_a_complete_folder_per_machine(
 
 def _sharded_into_own_folders(root: str) -> str:
     from hasten import Accelerator
-    from hasten.checkpointing.agreement import FolderNotSharedError
+    from hasten.checkpointing.storage.agreement import FolderNotSharedError
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
@@ -221,7 +221,7 @@ def test_a_process_that_cannot_write_makes_every_process_raise(tmp_path: Path) -
 
 
 def _peer_dies_while_writing(root: str, report: str) -> None:
-    from hasten.checkpointing import writer
+    from hasten.checkpointing.storage import writer
     from hasten.state.recorder import CollectiveTimeoutError
 
     accelerator, model, optimizer, scheduler = _setup()

@@ -219,7 +219,7 @@ def _count_reads(folder: str, counts: dict[str, int], load: Any) -> None:
 def _reload_once_then_refuse_damage(folder: str) -> dict[str, Any]:
     """ZeRO-2: save, train on, load_state (counting file reads), train again; then damage a
     file only process 1's engine reads and load again."""
-    from hasten.checkpointing.manifest import CorruptCheckpointError
+    from hasten.checkpointing.storage.manifest import CorruptCheckpointError
     from hasten.state import PartialState
 
     accelerator, model, optimizer, loader, _ = _setup(2)

@@ -124,7 +124,7 @@ def _resume(folder: str, phase: str) -> dict[str, Any]:
 
 
 def _load_damaged(folder: str) -> str:
-    from hasten.checkpointing.manifest import CorruptCheckpointError
+    from hasten.checkpointing.storage.manifest import CorruptCheckpointError
 
     accelerator = _accelerator("fsdp2")
     model = TinyTransformer()
@@ -180,7 +180,7 @@ def _bad_checkpoints(folder: Path, accelerator: Any, tmp_path: Path) -> None:
     """A missing shard and a checkpoint of another model are refused, naming the problem."""
     import shutil
 
-    from hasten.checkpointing.manifest import CorruptCheckpointError
+    from hasten.checkpointing.storage.manifest import CorruptCheckpointError
 
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
@@ -231,8 +231,8 @@ def _crafted_checkpoints(folder: Path, accelerator: Any, tmp_path: Path) -> None
 
     import torch.distributed.checkpoint as dcp
 
-    from hasten.checkpointing.io import UnsafeCheckpointError
     from hasten.checkpointing.sharded_state import sharded_state_dicts
+    from hasten.checkpointing.storage.io import UnsafeCheckpointError
 
     marker = tmp_path / "ran"
     crafted = tmp_path / "crafted_index"
@@ -288,7 +288,7 @@ def _killed_during_save(folder: str) -> None:
 @pytest.mark.timeout(120)
 def test_kill_9_during_a_sharded_save_leaves_nothing_loadable(tmp_path: Path) -> None:
     from _support.distributed import DistributedTestError
-    from hasten.checkpointing import layout
+    from hasten.checkpointing.storage import paths
 
     folder = tmp_path / "checkpoints" / "checkpoint_0"
     with pytest.raises(DistributedTestError):
@@ -296,7 +296,7 @@ def test_kill_9_during_a_sharded_save_leaves_nothing_loadable(tmp_path: Path) ->
     assert not folder.exists()  # only the hidden staging folder is left
     (staging,) = folder.parent.glob(".checkpoint_0.*.partial")  # named after the save
     assert (staging / "pytorch_model_fsdp_0" / "__0_0.distcp").exists()
-    assert layout.newest_complete_checkpoint(tmp_path) is None
+    assert paths.newest_complete_checkpoint(tmp_path) is None
 
 
 def _helpers(folder: str, use_dcp: bool) -> bool:

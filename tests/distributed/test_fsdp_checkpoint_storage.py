@@ -42,7 +42,7 @@ def _trained(**plugin_options: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def _checks(folder: str) -> dict[str, Any]:
-    from hasten.checkpointing.manifest import CorruptCheckpointError
+    from hasten.checkpointing.storage.manifest import CorruptCheckpointError
 
     accelerator, _, model, optimizer = _trained(fsdp_version=2)
     strategy = accelerator.strategy

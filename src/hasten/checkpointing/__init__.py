@@ -8,9 +8,9 @@ Accelerate's documented names for this area (``save_accelerator_state``,
 from hasten.core.lazy import lazy_namespace
 
 _TABLE: dict[str, list[str]] = {
-    "hasten.checkpointing.io": ["UnsafeCheckpointError", "load", "save"],
+    "hasten.checkpointing.storage.io": ["UnsafeCheckpointError", "load", "save"],
     "hasten.checkpointing.manager": ["CheckpointManager", "check_checkpointable"],
-    "hasten.checkpointing.manifest": ["CorruptCheckpointError"],
+    "hasten.checkpointing.storage.manifest": ["CorruptCheckpointError"],
     "hasten.checkpointing.model": ["save_model_weights"],
     "hasten.checkpointing.preemption": ["PREEMPTED_EXIT_CODE"],
     "hasten.checkpointing.functional": [

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 import torch
 from torch import nn
 
-from hasten.checkpointing.io import atomic_write, load
 from hasten.checkpointing.merge import merge_on_main_process
 from hasten.checkpointing.sharded_state import sharded_model_dir, sharded_optimizer_dir
+from hasten.checkpointing.storage.io import atomic_write, load
 from hasten.config import envvars
 from hasten.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 from hasten.precision import Precision
@@ -207,7 +207,7 @@ def _dcp_save(state: dict[str, Any], folder: Path) -> None:
 
 def _dcp_load(state: dict[str, Any], folder: Path) -> None:
     """``dcp.load`` through hasten's safe reader (DCP's own unpickles anything: see dcp_safe)."""
-    from hasten.checkpointing.dcp_safe import safe_load
+    from hasten.checkpointing.storage.dcp_safe import safe_load
 
     safe_load(state, folder)
 

@@ -15,9 +15,9 @@ from typing import Any, cast
 
 import torch
 
-from hasten.checkpointing.io import load, save
-from hasten.checkpointing.layout import custom_object_file
 from hasten.checkpointing.state import CheckpointContents, load_contents, save_contents
+from hasten.checkpointing.storage.io import load, save
+from hasten.checkpointing.storage.paths import custom_object_file
 from hasten.state import PartialState
 
 __all__ = [

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from hasten.checkpointing import layout
 from hasten.checkpointing.preemption import PreemptionWatcher
 from hasten.checkpointing.state import (
     CheckpointContents,
@@ -25,7 +24,8 @@ from hasten.checkpointing.state import (
     load_contents,
     save_contents,
 )
-from hasten.checkpointing.writer import HostBuffers, PendingSave
+from hasten.checkpointing.storage import paths
+from hasten.checkpointing.storage.writer import HostBuffers, PendingSave
 from hasten.config.project import ProjectConfiguration
 from hasten.core.errors import (
     CheckpointExistsError,
@@ -104,7 +104,7 @@ class CheckpointManager:
                     "automatic_checkpoint_naming needs a project_dir: pass "
                     "Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...)."
                 )
-            target = layout.checkpoint_path(config.project_dir, config.iteration)
+            target = paths.checkpoint_path(config.project_dir, config.iteration)
             if target.exists():
                 raise CheckpointExistsError(
                     f"Checkpoint folder {target} already exists. Set "
@@ -147,7 +147,7 @@ class CheckpointManager:
     def finish(self) -> None:
         """End of training: finish a pending save and stop watching for preemption."""
         self.wait()
-        layout.wait_for_removals()  # replaced checkpoint folders are gone when training ends
+        paths.wait_for_removals()  # replaced checkpoint folders are gone when training ends
         if self._watcher is not None:
             self._watcher.uninstall()
             self._watcher = None
@@ -205,7 +205,7 @@ class CheckpointManager:
                 "load_state() without input_dir needs automatic_checkpoint_naming=True and a "
                 "project_dir; otherwise pass the folder save_state wrote."
             )
-        newest = layout.newest_complete_checkpoint(config.project_dir)
+        newest = paths.newest_complete_checkpoint(config.project_dir)
         if newest is None:
             raise CheckpointNotFoundError(
                 f"No complete checkpoint under {Path(config.project_dir) / 'checkpoints'}. "
@@ -227,7 +227,7 @@ class CheckpointManager:
         for hook in self._load_hooks.values():
             hook(contents.models, str(folder))
         attributes = load_contents(folder, contents, map_location=map_location, strict=strict)
-        number = layout.checkpoint_number(folder)
+        number = paths.checkpoint_number(folder)
         if self.project_config.automatic_checkpoint_naming and number is not None:
             # The next automatic save goes after the loaded one, not over it.
             self.project_config.iteration = number + 1

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from hasten.checkpointing.io import save
 from hasten.checkpointing.sharded import SHARDED_METADATA, is_sharded_checkpoint
+from hasten.checkpointing.storage.io import save
 from hasten.core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from hasten.state import PartialState
 
@@ -50,7 +50,7 @@ def load_merged_state_dict(checkpoint_dir: str | os.PathLike[str]) -> dict[str, 
         )
     import torch.distributed.checkpoint as dcp  # deferred: loads the DCP machinery
 
-    from hasten.checkpointing.dcp_safe import SafeFileSystemReader, safe_load
+    from hasten.checkpointing.storage.dcp_safe import SafeFileSystemReader, safe_load
 
     metadata = SafeFileSystemReader(folder).read_metadata()
     state: dict[str, Any] = {}

@@ -21,8 +21,8 @@ from typing import BinaryIO, cast
 
 import torch
 
-from hasten.checkpointing.io import atomic_write
-from hasten.checkpointing.tensors import dedupe_shared_tensors, write_safetensors
+from hasten.checkpointing.storage.io import atomic_write
+from hasten.checkpointing.storage.tensors import dedupe_shared_tensors, write_safetensors
 from hasten.config.parallelism import ParallelismConfig
 from hasten.core.constants import (
     SAFE_WEIGHTS_INDEX_NAME,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hasten.checkpointing import layout
+from hasten.checkpointing.storage import paths
 from hasten.state import PartialState
 
 __all__ = [
@@ -58,7 +58,7 @@ def save_sharded_state(
     """
     state = PartialState()
     final = Path(output_dir).absolute()
-    staging = layout.staging_path(final)
+    staging = paths.staging_path(final)
     distributed = _distributed()
     if state.is_main_process:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def save_sharded_state(
         )
     state.wait_for_everyone()  # every part and the metadata are on disk
     if state.is_main_process:
-        layout.publish(staging, final)
+        paths.publish(staging, final)
     state.wait_for_everyone()
     return final
 
@@ -98,7 +98,7 @@ def load_sharded_state(
             f"No complete sharded checkpoint at {folder} ({SHARDED_METADATA} is missing). Pass "
             "the folder that save_sharded_state returned."
         )
-    from hasten.checkpointing.dcp_safe import safe_load
+    from hasten.checkpointing.storage.dcp_safe import safe_load
 
     with warnings.catch_warnings():  # DCP warns that one process means no process group
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")

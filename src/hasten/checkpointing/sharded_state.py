@@ -5,7 +5,7 @@ state dict (``strategy.model_state_dict(full=False)``: DTensor shards keyed by p
 goes into its own DCP folder inside the checkpoint's staging folder -- Accelerate's names,
 ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` -- with every process writing its
 ```__<rank>_*.distcp`` files in parallel. One DCP call writes (and one reads) every part, through
-`hasten.checkpointing.dcp_storage`: files are hashed while written, so they join the manifest
+`hasten.checkpointing.storage.dcp_storage`: files are hashed while written, so they join the manifest
 like every other file without a second pass, and verified while read. The folder is still
 published atomically, a crash leaves only the staging folder, and a missing or damaged part is
 refused on load before any tensor is filled.
@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hasten.checkpointing.io import UnsafeCheckpointError
-from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
-from hasten.checkpointing.writer import SavePlan, Snapshot, write_jobs
+from hasten.checkpointing.storage.io import UnsafeCheckpointError
+from hasten.checkpointing.storage.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.storage.writer import SavePlan, Snapshot, write_jobs
 from hasten.core.nested import recursively_apply
 from hasten.optimizer import unwrap_optimizer
 from hasten.state import PartialState
@@ -222,7 +222,7 @@ def write_sharded_parts(
         The records (size, block checksums) of the files this process wrote, and on the main
         process those of every process's files (empty elsewhere).
     """
-    from hasten.checkpointing.dcp_storage import PartedWriter
+    from hasten.checkpointing.storage.dcp_storage import PartedWriter
 
     writer = PartedWriter(staging, list(parts), also=also)
     try:
@@ -318,8 +318,8 @@ def load_sharded_parts(
         ValueError: the checkpoint holds another model (names the part and the first mismatch).
         UnsafeCheckpointError: an index or entry holds objects that could run code (see `dcp_safe`).
     """
-    from hasten.checkpointing.dcp_safe import SafeLoadPlanner
-    from hasten.checkpointing.dcp_storage import PartedReader
+    from hasten.checkpointing.storage.dcp_safe import SafeLoadPlanner
+    from hasten.checkpointing.storage.dcp_storage import PartedReader
 
     state, owners, pairs = _get_states(engine, models, optimizers, prepared)
     parts = list(state)

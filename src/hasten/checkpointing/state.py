@@ -27,18 +27,6 @@ from typing import Any
 
 import torch
 
-from hasten.checkpointing import layout
-from hasten.checkpointing.agreement import (
-    agree_on_outcome,
-    background_comm,
-    background_group,
-    missing_files,
-    next_token,
-    require_one_folder,
-)
-from hasten.checkpointing.engine import EngineCheckpoint, EngineFiles, load_engine_checkpoint
-from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
-from hasten.checkpointing.reader import CheckpointReader, PendingRead
 from hasten.checkpointing.rng import capture_rng_state, has_saved_rng_state, restore_rng_state
 from hasten.checkpointing.sharded_state import (
     load_sharded_parts,
@@ -48,7 +36,23 @@ from hasten.checkpointing.sharded_state import (
     sharded_optimizer_dir,
     stage_sharded,
 )
-from hasten.checkpointing.writer import (
+from hasten.checkpointing.storage import paths
+from hasten.checkpointing.storage.agreement import (
+    agree_on_outcome,
+    background_comm,
+    background_group,
+    missing_files,
+    next_token,
+    require_one_folder,
+)
+from hasten.checkpointing.storage.engine_files import (
+    EngineCheckpoint,
+    EngineFiles,
+    load_engine_checkpoint,
+)
+from hasten.checkpointing.storage.manifest import CorruptCheckpointError, read_manifest
+from hasten.checkpointing.storage.reader import CheckpointReader, PendingRead
+from hasten.checkpointing.storage.writer import (
     FileJob,
     HostBuffers,
     PendingSave,
@@ -122,7 +126,7 @@ def _shared_jobs(
     jobs = []
     optimizers = [] if _sharded(contents) else contents.optimizers
     for i, optimizer in enumerate(optimizers):
-        name = layout.optimizer_file(i)
+        name = paths.optimizer_file(i)
         given = contents.optimizer_states
         state = given[i] if given is not None else optimizer.state_dict()
         if deferred is not None and _on_cpu(state) and set(state) == {"state", "param_groups"}:
@@ -135,20 +139,20 @@ def _shared_jobs(
         else:
             jobs.append(pickle_job(name, copy(state)))
     jobs += [
-        pickle_job(layout.scheduler_file(i), copy(s.state_dict()))
+        pickle_job(paths.scheduler_file(i), copy(s.state_dict()))
         for i, s in enumerate(contents.schedulers)
     ]
     jobs += [
-        pickle_job(layout.dataloader_state_file(i), copy(d.state_dict()))
+        pickle_job(paths.dataloader_state_file(i), copy(d.state_dict()))
         for i, d in enumerate(contents.dataloaders)
         if hasattr(d, "state_dict")
     ]
     jobs += [
-        pickle_job(layout.custom_object_file(i), copy(c.state_dict()))
+        pickle_job(paths.custom_object_file(i), copy(c.state_dict()))
         for i, c in enumerate(contents.custom_objects)
     ]
     if contents.scaler is not None:
-        jobs.append(pickle_job(layout.scaler_file(), copy(contents.scaler.state_dict())))
+        jobs.append(pickle_job(paths.scaler_file(), copy(contents.scaler.state_dict())))
     return jobs
 
 
@@ -189,7 +193,7 @@ def _gradient_jobs(
     for index, model in enumerate(models):
         grads = _gradients(model)
         if grads:
-            name = layout.gradients_file(index, rank)
+            name = paths.gradients_file(index, rank)
             jobs.append(safetensors_job(name, copy(grads)))
     return jobs
 
@@ -332,7 +336,7 @@ def _plan_jobs(
     else:
         plan.jobs += _gradient_jobs(contents.models, plan.rank, copy)
     rng = {**capture_rng_state(), "step": step}
-    plan.jobs.append(pickle_job(layout.rng_file(plan.rank), rng))
+    plan.jobs.append(pickle_job(paths.rng_file(plan.rank), rng))
 
 
 def _engine_save(engine: EngineCheckpoint, plan: SavePlan, buffers: HostBuffers | None) -> None:
@@ -372,7 +376,7 @@ def _engine_written_top_level(plan: SavePlan) -> list[str]:
     and recovery script), told apart from hasten's own: the writer's jobs and every process's
     RNG file, the only ones the other processes write there."""
     own = {job.name for job in plan.jobs} | {
-        layout.rng_file(rank) for rank in range(plan.num_processes)
+        paths.rng_file(rank) for rank in range(plan.num_processes)
     }
     return [
         entry.name
@@ -448,10 +452,10 @@ def _start_model(
     its local state dict; the engine checks the full one).
     """
     if fresh:
-        safe_name = layout.model_file(index, True)
+        safe_name = paths.model_file(index, True)
         if files.exists(safe_name):
             return files.start_tensors(safe_name, like=None)
-        return files.start_unpickle(layout.model_file(index, False), "cpu")
+        return files.start_unpickle(paths.model_file(index, False), "cpu")
 
     def check(state: dict[str, torch.Tensor]) -> None:
         problem = _mismatch(model, state)
@@ -462,11 +466,11 @@ def _start_model(
                 "keys only."
             )
 
-    safe_name = layout.model_file(index, True)
+    safe_name = paths.model_file(index, True)
     current = model.state_dict(keep_vars=True)  # large files are read into these in place
     if files.exists(safe_name):
         return files.start_tensors(safe_name, like=current, check=check)
-    return files.start_unpickle(layout.model_file(index, False), "cpu", like=current, check=check)
+    return files.start_unpickle(paths.model_file(index, False), "cpu", like=current, check=check)
 
 
 def _apply_model(
@@ -484,7 +488,7 @@ def _load_gradients(files: CheckpointReader, models: list[torch.nn.Module]) -> N
     """Put back the gradients this process had accumulated when the checkpoint was taken."""
     rank = PartialState().process_index
     for index, model in enumerate(models):
-        name = layout.gradients_file(index, rank)
+        name = paths.gradients_file(index, rank)
         if not files.exists(name):
             continue
         grads = files.tensors(name)
@@ -654,7 +658,7 @@ def _start_part(
 ) -> PendingRead | Exception:
     """Start loading one stateful part; a failure is returned, to be raised in its turn."""
     # an optimizer's state tensors are replaced by the loaded ones anyway, so large files are
-    # read into them in place (see hasten.checkpointing.scatter)
+    # read into them in place (see hasten.checkpointing.storage.scatter)
     is_optimizer = any(target is o for o in contents.optimizers)
     like = _current_state(target) if is_optimizer and not _shards_parameters(contents) else None
     try:
@@ -681,24 +685,24 @@ def _stateful_parts(
     Optimizers listed in ``skip`` are loaded from their sharded folders instead.
     """
     parts: list[tuple[str, str, Any]] = [
-        (f"optimizer {i}", layout.optimizer_file(i), o)
+        (f"optimizer {i}", paths.optimizer_file(i), o)
         for i, o in enumerate(contents.optimizers)
         if i not in (skip or [])
     ]
     parts += [
-        (f"scheduler {i}", layout.scheduler_file(i), s) for i, s in enumerate(contents.schedulers)
+        (f"scheduler {i}", paths.scheduler_file(i), s) for i, s in enumerate(contents.schedulers)
     ]
     parts += [
-        (f"dataloader {i}", layout.dataloader_state_file(i), d)
+        (f"dataloader {i}", paths.dataloader_state_file(i), d)
         for i, d in enumerate(contents.dataloaders)
         if hasattr(d, "load_state_dict")
     ]
     parts += [
-        (f"custom object {i}", layout.custom_object_file(i), c)
+        (f"custom object {i}", paths.custom_object_file(i), c)
         for i, c in enumerate(contents.custom_objects)
     ]
     if contents.scaler is not None:
-        parts.append(("grad scaler", layout.scaler_file(), contents.scaler))
+        parts.append(("grad scaler", paths.scaler_file(), contents.scaler))
     return parts
 
 
@@ -708,7 +712,7 @@ def _read_rng(files: CheckpointReader) -> Any:
     if not has_saved_rng_state(files.manifest, rank):  # warns: a process the save did not have
         return {}
     try:
-        return files.unpickle(layout.rng_file(rank), "cpu")
+        return files.unpickle(paths.rng_file(rank), "cpu")
     except Exception as exc:  # noqa: BLE001 - raised or warned about by _load_rng
         return exc
 

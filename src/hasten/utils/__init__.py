@@ -253,7 +253,7 @@ _TABLE: dict[str, list[str]] = {
         "has_repeated_blocks",
         "is_repeated_blocks",
     ],
-    "hasten.checkpointing.io": ["load", "save"],
+    "hasten.checkpointing.storage.io": ["load", "save"],
     "hasten.checkpointing.fsdp_utils": [
         "disable_fsdp_ram_efficient_loading",
         "enable_fsdp_ram_efficient_loading",
@@ -342,7 +342,7 @@ _TABLE: dict[str, list[str]] = {
         "get_state_dict_offloaded_model",
         "has_offloaded_params",
     ],
-    "hasten.checkpointing.tensors": [
+    "hasten.checkpointing.storage.tensors": [
         "clean_state_dict_for_safetensors",
         "id_tensor_storage",
     ],

@@ -44,7 +44,7 @@ from hasten.big_modeling.tensors import (
     retie_parameters,
     set_module_tensor_to_device,
 )
-from hasten.checkpointing.tensors import id_tensor_storage
+from hasten.checkpointing.storage.tensors import id_tensor_storage
 from hasten.core.constants import (
     WEIGHTS_INDEX_NAME,
 )

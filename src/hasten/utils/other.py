@@ -1,18 +1,18 @@
 """Compatibility path for ``accelerate.utils.other``.
 
-Unwrapping lives in `hasten.strategies.unwrap`, file I/O in `hasten.checkpointing.io`,
+Unwrapping lives in `hasten.strategies.unwrap`, file I/O in `hasten.checkpointing.storage.io`,
 `wait_for_everyone` in `hasten.state`, and `write_basic_config` in `hasten.commands.config.default`.
 """
 
 from hasten.big_modeling.tensors import (
     get_module_children_bottom_up,
 )
-from hasten.checkpointing.io import (
+from hasten.checkpointing.storage.io import (
     TORCH_SAFE_GLOBALS,
     load,
     save,
 )
-from hasten.checkpointing.tensors import (
+from hasten.checkpointing.storage.tensors import (
     clean_state_dict_for_safetensors,
 )
 from hasten.commands.config.default import (

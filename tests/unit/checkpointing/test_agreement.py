@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hasten.checkpointing import layout
-from hasten.checkpointing.agreement import (
+from hasten.checkpointing.state import CheckpointContents, load_contents, save_contents
+from hasten.checkpointing.storage import paths
+from hasten.checkpointing.storage.agreement import (
     CLAIM_PREFIX,
     Folders,
     Report,
@@ -17,8 +18,7 @@ from hasten.checkpointing.agreement import (
     missing_files,
     next_token,
 )
-from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest, write_bytes
-from hasten.checkpointing.state import CheckpointContents, load_contents, save_contents
+from hasten.checkpointing.storage.manifest import CorruptCheckpointError, read_manifest, write_bytes
 from hasten.core.errors import CheckpointNotFoundError
 
 
@@ -46,9 +46,9 @@ def test_failures_name_each_failed_process_and_its_folder() -> None:
 def test_tokens_differ_per_save_and_name_the_staging_folder(tmp_path: Path) -> None:
     first, second = next_token(), next_token()
     assert first != second and first[:8] == second[:8]  # one session, counted saves
-    staging = layout.staging_path(tmp_path / "ckpt", first)
+    staging = paths.staging_path(tmp_path / "ckpt", first)
     assert staging.name == f".ckpt.{first}.partial"
-    assert layout.staging_path(tmp_path / "ckpt").name == ".ckpt.partial"
+    assert paths.staging_path(tmp_path / "ckpt").name == ".ckpt.partial"
 
 
 def test_claims_and_the_shared_files_lock(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_claims_and_the_shared_files_lock(tmp_path: Path) -> None:
 def test_remove_stale_staging_keeps_other_names(tmp_path: Path) -> None:
     for name in (".ckpt.partial", ".ckpt.ab12cd341.partial", ".ckpt_1.partial", ".ckpt.old"):
         (tmp_path / name).mkdir()
-    layout.remove_stale_staging(tmp_path / "ckpt")
+    paths.remove_stale_staging(tmp_path / "ckpt")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.old", ".ckpt_1.partial"]
 
 

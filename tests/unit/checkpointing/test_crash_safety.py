@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import torch
 
-from hasten.checkpointing import CheckpointContents, CheckpointManager, layout
-from hasten.checkpointing import writer as writer_module
+from hasten.checkpointing import CheckpointContents, CheckpointManager
+from hasten.checkpointing.storage import paths
+from hasten.checkpointing.storage import writer as writer_module
 from hasten.config.project import ProjectConfiguration
 from hasten.state._shared import reset_state
 
@@ -96,7 +97,7 @@ def _train_and_save_forever(project: Path, ready: int) -> None:
     reset_state()
     model, optimizer, steps, tags = _setup(seed=os.getpid())
     manager = _manager(project)
-    if layout.newest_complete_checkpoint(project) is not None:
+    if paths.newest_complete_checkpoint(project) is not None:
         manager.load_state(None, _contents(model, optimizer, steps, tags))
     os.write(ready, b"1")
     while True:
@@ -165,13 +166,13 @@ def test_kill_9_during_save_never_loses_a_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(0)
     mid_save, done = 0, 0
     for _ in range(TRIALS):
-        before = {n for n, _ in layout.complete_checkpoints(project)}
+        before = {n for n, _ in paths.complete_checkpoints(project)}
         # Any moment of the first two saves (or the step between them) is a target.
         _kill_during_saves(project, rng.uniform(0, 2 * save_time))
         root = project / "checkpoints"
         mid_save += any(p.name.endswith(".partial") for p in root.iterdir())
-        complete = {n for n, _ in layout.complete_checkpoints(project)}
-        numbered = {layout.checkpoint_number(p) for p in root.iterdir()} - {None}
+        complete = {n for n, _ in paths.complete_checkpoints(project)}
+        numbered = {paths.checkpoint_number(p) for p in root.iterdir()} - {None}
         assert numbered == complete, "a checkpoint_<i> folder exists but is incomplete"
         assert before <= complete, f"lost checkpoints: {sorted(before - complete)}"
         newest = _check_newest(project, reference)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from hasten.checkpointing.io import UnsafeCheckpointError
+from hasten.checkpointing.storage.io import UnsafeCheckpointError
 
 
 class Payload:
@@ -45,7 +45,7 @@ def _craft_index(folder: Path, marker: Path) -> None:
 
 
 def test_index_classes_of_a_real_save_are_allowed(tmp_path: Path) -> None:
-    from hasten.checkpointing.dcp_safe import load_metadata
+    from hasten.checkpointing.storage.dcp_safe import load_metadata
 
     _dcp_save(_state(), tmp_path)  # a plain save's index also holds its pathlib checkpoint_id
     metadata = load_metadata((tmp_path / ".metadata").read_bytes(), tmp_path)
@@ -74,7 +74,7 @@ def test_a_crafted_index_is_refused_without_running_it(tmp_path: Path) -> None:
 
 
 def test_the_parted_reader_refuses_a_crafted_part_index(tmp_path: Path) -> None:
-    from hasten.checkpointing.dcp_storage import PartedReader
+    from hasten.checkpointing.storage.dcp_storage import PartedReader
 
     marker = tmp_path / "ran"
     _dcp_save(_state(), tmp_path / "pytorch_model_fsdp_0")
@@ -85,7 +85,7 @@ def test_the_parted_reader_refuses_a_crafted_part_index(tmp_path: Path) -> None:
 
 
 def test_an_index_that_is_not_dcp_metadata_is_refused(tmp_path: Path) -> None:
-    from hasten.checkpointing.dcp_safe import load_metadata
+    from hasten.checkpointing.storage.dcp_safe import load_metadata
 
     with pytest.raises(UnsafeCheckpointError, match="holds a dict, not a DCP index"):
         load_metadata(pickle.dumps({"a": 1}), tmp_path)
@@ -129,7 +129,7 @@ def _archive(value: Any) -> tuple[memoryview, torch.UntypedStorage]:
     ids=["matrix", "large", "bf16-scalar", "empty"],
 )
 def test_a_tensor_entry_decodes_as_a_view_of_its_bytes(tensor: torch.Tensor) -> None:
-    from hasten.checkpointing.dcp_safe import load_tensor_item
+    from hasten.checkpointing.storage.dcp_safe import load_tensor_item
 
     view, storage = _archive(tensor)
     loaded = load_tensor_item(view, storage)
@@ -142,8 +142,8 @@ def test_a_tensor_entry_decodes_as_a_view_of_its_bytes(tensor: torch.Tensor) -> 
 def test_a_tensor_entry_in_another_byte_order_is_copied_not_swapped_in_place(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import hasten.checkpointing.io as checkpoint_io
-    from hasten.checkpointing.dcp_safe import load_tensor_item
+    import hasten.checkpointing.storage.io as checkpoint_io
+    from hasten.checkpointing.storage.dcp_safe import load_tensor_item
 
     view, storage = _archive(torch.arange(4.0))
     before = bytes(view)
@@ -157,8 +157,8 @@ def test_a_tensor_entry_in_another_byte_order_is_copied_not_swapped_in_place(
 def test_a_tensor_entry_decodes_without_torchs_private_loader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import hasten.checkpointing.dcp_safe as dcp_safe
-    import hasten.checkpointing.io as checkpoint_io
+    import hasten.checkpointing.storage.dcp_safe as dcp_safe
+    import hasten.checkpointing.storage.io as checkpoint_io
 
     def old_load(zip_file: Any, map_location: Any, pickle_module: Any) -> None: ...
 
@@ -176,7 +176,7 @@ def test_a_tensor_entry_decodes_without_torchs_private_loader(
 
 
 def test_a_crafted_tensor_entry_is_refused_without_running_it(tmp_path: Path) -> None:
-    from hasten.checkpointing.dcp_safe import load_tensor_item
+    from hasten.checkpointing.storage.dcp_safe import load_tensor_item
 
     marker = tmp_path / "ran"
     view, storage = _archive({"w": torch.ones(2), "x": Payload(marker)})

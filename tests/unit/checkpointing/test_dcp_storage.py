@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from hasten.checkpointing import checksum
-from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.storage import checksum
+from hasten.checkpointing.storage.manifest import CorruptCheckpointError, FileRecord
 
 PARTS = ("pytorch_model_fsdp_0", "optimizer_0")
 
@@ -36,7 +36,7 @@ def _dcp(call: str, state: dict[str, Any], **kwargs: Any) -> None:
 
 
 def _save(root: Path, block_bytes: int = 4096) -> tuple[Any, dict[str, dict[str, Any]]]:
-    from hasten.checkpointing.dcp_storage import PartedWriter
+    from hasten.checkpointing.storage.dcp_storage import PartedWriter
 
     state = _state()
     for part in PARTS:
@@ -88,7 +88,7 @@ def test_each_part_is_the_checkpoint_a_plain_dcp_save_of_it_writes(tmp_path: Pat
 
 
 def _load(root: Path, manifest: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    from hasten.checkpointing.dcp_storage import PartedReader
+    from hasten.checkpointing.storage.dcp_storage import PartedReader
 
     template = _state()
     with torch.no_grad():
@@ -117,7 +117,7 @@ def test_reader_loads_every_part_in_one_call_verifying_what_it_reads(tmp_path: P
 def test_a_damaged_shard_is_refused_before_any_tensor_is_filled(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from hasten.checkpointing.dcp_storage import PartedReader
+    from hasten.checkpointing.storage.dcp_storage import PartedReader
 
     writer, _ = _save(tmp_path)
     manifest = _manifest(writer.all_records)
@@ -137,7 +137,7 @@ def test_a_damaged_shard_is_refused_before_any_tensor_is_filled(tmp_path: Path) 
 
 
 def test_a_damaged_or_unlisted_index_is_refused_naming_it(tmp_path: Path) -> None:
-    from hasten.checkpointing.dcp_storage import PartedReader
+    from hasten.checkpointing.storage.dcp_storage import PartedReader
 
     writer, _ = _save(tmp_path)
     manifest = _manifest(writer.all_records)
@@ -153,7 +153,7 @@ def test_a_damaged_or_unlisted_index_is_refused_naming_it(tmp_path: Path) -> Non
 def test_verified_shards_are_mapped_and_each_tensor_is_a_view_of_the_mapping(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hasten.checkpointing.dcp_storage as dcp_storage
+    import hasten.checkpointing.storage.dcp_storage as dcp_storage
 
     writer, state = _save(tmp_path)
     ranges: list[tuple[int, int]] = []  # the address range of every mapped file
@@ -199,7 +199,7 @@ def test_verified_shards_are_mapped_and_each_tensor_is_a_view_of_the_mapping(
 def test_unverified_shards_are_read_by_dcp_small_items_copied_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copy_below: int
 ) -> None:
-    import hasten.checkpointing.dcp_storage as dcp_storage
+    import hasten.checkpointing.storage.dcp_storage as dcp_storage
 
     _, state = _save(tmp_path)
     monkeypatch.setattr(dcp_storage, "_COPY_ITEM_BYTES", copy_below)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from hasten.checkpointing.io import (
+from hasten.checkpointing.storage.io import (
     UnsafeCheckpointError,
     atomic_write,
     is_safetensors_file,
@@ -130,7 +130,7 @@ def test_streamed_safetensors_match_the_library(tmp_path: Path) -> None:
 
     from safetensors.torch import load_file
 
-    from hasten.checkpointing.tensors import tensors_from_safetensors, write_safetensors
+    from hasten.checkpointing.storage.tensors import tensors_from_safetensors, write_safetensors
 
     shared = torch.randn(3, 5)
     state = {
@@ -162,7 +162,7 @@ def test_early_writeback_starts_disk_writes_every_32_mib(
 ) -> None:
     import sys
 
-    from hasten.checkpointing import io as io_module
+    from hasten.checkpointing.storage import io as io_module
 
     if sys.platform.startswith("linux"):
         assert io_module._sync_file_range() is not None  # the real libc call resolves

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from hasten.checkpointing import layout
-from hasten.checkpointing.manifest import (
+from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
+from hasten.checkpointing.storage import paths
+from hasten.checkpointing.storage.manifest import (
     MANIFEST_NAME,
     CorruptCheckpointError,
     read_manifest,
     write_bytes,
     write_manifest,
 )
-from hasten.checkpointing.reader import read_verified
-from hasten.checkpointing.rng import capture_rng_state, restore_rng_state
-from hasten.checkpointing.tensors import (
+from hasten.checkpointing.storage.reader import read_verified
+from hasten.checkpointing.storage.tensors import (
     dedupe_shared_tensors,
     safetensors_bytes,
     tensors_from_safetensors,
@@ -28,19 +28,19 @@ from hasten.checkpointing.tensors import (
 
 
 def test_file_names_follow_accelerate_layout() -> None:
-    assert layout.model_file(0, True) == "model.safetensors"
-    assert layout.model_file(2, True) == "model_2.safetensors"
-    assert layout.model_file(0, False) == "pytorch_model.bin"
-    assert layout.model_file(1, False) == "pytorch_model_1.bin"
-    assert layout.optimizer_file(0) == "optimizer.bin"
-    assert layout.optimizer_file(1) == "optimizer_1.bin"
-    assert layout.scheduler_file(0) == "scheduler.bin"
-    assert layout.sampler_file(1) == "sampler_1.bin"
-    assert layout.scaler_file() == "scaler.pt"
-    assert layout.rng_file(3) == "random_states_3.pkl"
-    assert layout.custom_object_file(0) == "custom_checkpoint_0.pkl"
-    assert layout.dataloader_state_file(0) == "dl_state_dict.bin"
-    assert layout.checkpoint_path("p", 4) == Path("p/checkpoints/checkpoint_4")
+    assert paths.model_file(0, True) == "model.safetensors"
+    assert paths.model_file(2, True) == "model_2.safetensors"
+    assert paths.model_file(0, False) == "pytorch_model.bin"
+    assert paths.model_file(1, False) == "pytorch_model_1.bin"
+    assert paths.optimizer_file(0) == "optimizer.bin"
+    assert paths.optimizer_file(1) == "optimizer_1.bin"
+    assert paths.scheduler_file(0) == "scheduler.bin"
+    assert paths.sampler_file(1) == "sampler_1.bin"
+    assert paths.scaler_file() == "scaler.pt"
+    assert paths.rng_file(3) == "random_states_3.pkl"
+    assert paths.custom_object_file(0) == "custom_checkpoint_0.pkl"
+    assert paths.dataloader_state_file(0) == "dl_state_dict.bin"
+    assert paths.checkpoint_path("p", 4) == Path("p/checkpoints/checkpoint_4")
 
 
 def _complete(folder: Path, payload: bytes = b"data") -> None:
@@ -85,37 +85,37 @@ def test_damaged_manifest_is_reported(tmp_path: Path) -> None:
 
 def test_newest_complete_checkpoint_skips_partial_ones(tmp_path: Path) -> None:
     for i in (0, 1):
-        _complete(layout.checkpoint_path(tmp_path, i))
-    layout.checkpoint_path(tmp_path, 2).mkdir()  # crashed before its manifest
-    (layout.checkpoint_path(tmp_path, 3)).mkdir()
-    (layout.checkpoint_path(tmp_path, 3) / MANIFEST_NAME).write_text("{}")
-    assert layout.newest_complete_checkpoint(tmp_path) == layout.checkpoint_path(tmp_path, 1)
-    assert layout.newest_complete_checkpoint(tmp_path / "nothing") is None
+        _complete(paths.checkpoint_path(tmp_path, i))
+    paths.checkpoint_path(tmp_path, 2).mkdir()  # crashed before its manifest
+    (paths.checkpoint_path(tmp_path, 3)).mkdir()
+    (paths.checkpoint_path(tmp_path, 3) / MANIFEST_NAME).write_text("{}")
+    assert paths.newest_complete_checkpoint(tmp_path) == paths.checkpoint_path(tmp_path, 1)
+    assert paths.newest_complete_checkpoint(tmp_path / "nothing") is None
 
 
 def test_prune_keeps_the_newest(tmp_path: Path) -> None:
     for i in range(4):
-        _complete(layout.checkpoint_path(tmp_path, i))
-    removed = layout.prune_checkpoints(tmp_path, 2)
+        _complete(paths.checkpoint_path(tmp_path, i))
+    removed = paths.prune_checkpoints(tmp_path, 2)
     assert [p.name for p in removed] == ["checkpoint_0", "checkpoint_1"]
-    assert [i for i, _ in layout.complete_checkpoints(tmp_path)] == [2, 3]
+    assert [i for i, _ in paths.complete_checkpoints(tmp_path)] == [2, 3]
     with pytest.raises(ValueError, match="total_limit must be a positive"):
-        layout.prune_checkpoints(tmp_path, 0)
+        paths.prune_checkpoints(tmp_path, 0)
 
 
 def test_publish_replaces_an_existing_folder(tmp_path: Path) -> None:
     final = tmp_path / "ckpt"
     _complete(final, b"old")
-    staging = layout.staging_path(final)
+    staging = paths.staging_path(final)
     _complete(staging, b"new")
-    layout.publish(staging, final)
+    paths.publish(staging, final)
     assert (final / "a.bin").read_bytes() == b"new"
     # the replaced folder is deleted on a background thread
-    layout.wait_for_removals()
+    paths.wait_for_removals()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     _complete(staging, b"newer")
-    layout.publish(staging, final)  # again: waits for nothing, replaces, removes
-    layout.wait_for_removals()
+    paths.publish(staging, final)  # again: waits for nothing, replaces, removes
+    paths.wait_for_removals()
     assert (final / "a.bin").read_bytes() == b"newer"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from hasten.checkpointing.io import UnsafeCheckpointError
-from hasten.checkpointing.plain_pickle import PLAIN_PICKLE, RestrictedUnpickler
+from hasten.checkpointing.storage.io import UnsafeCheckpointError
+from hasten.checkpointing.storage.plain_pickle import PLAIN_PICKLE, RestrictedUnpickler
 
 
 class _Payload:
@@ -46,7 +46,7 @@ def _rng_state() -> dict[str, Any]:
 def test_rng_states_and_plain_data_load_through_the_c_unpickler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hasten.checkpointing import reader
+    from hasten.checkpointing.storage import reader
 
     state = _rng_state()
     picklers: list[Any] = []
@@ -71,7 +71,7 @@ def test_rng_states_and_plain_data_load_through_the_c_unpickler(
 
 
 def test_what_the_c_unpickler_refuses_goes_to_torchs_weights_only_loader() -> None:
-    from hasten.checkpointing.reader import unpickle_buffer
+    from hasten.checkpointing.storage.reader import unpickle_buffer
 
     value = {"p": torch.nn.Parameter(torch.ones(2)), "device": torch.device("cpu")}
     with pytest.raises(UnsafeCheckpointError, match="torch.device"):
@@ -81,7 +81,7 @@ def test_what_the_c_unpickler_refuses_goes_to_torchs_weights_only_loader() -> No
 
 
 def test_a_payload_is_refused_by_both_without_running(tmp_path: Path) -> None:
-    from hasten.checkpointing.reader import unpickle_buffer
+    from hasten.checkpointing.storage.reader import unpickle_buffer
 
     marker = tmp_path / "ran"
     data = _saved({"ok": 1, "x": _Payload(marker)})
@@ -93,14 +93,14 @@ def test_a_payload_is_refused_by_both_without_running(tmp_path: Path) -> None:
 
 
 def test_a_type_appended_to_the_safe_globals_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hasten.checkpointing import io as checkpoint_io
+    from hasten.checkpointing.storage import io as checkpoint_io
 
     data = pickle.dumps(Path("a/b"))
     with pytest.raises(UnsafeCheckpointError, match="pathlib"):
         RestrictedUnpickler(io.BytesIO(data)).load()
     allowed = [*checkpoint_io.safe_globals(), type(Path("a"))]
     monkeypatch.setattr(checkpoint_io, "_SAFE_GLOBALS", allowed)
-    import hasten.checkpointing.plain_pickle as plain_pickle
+    import hasten.checkpointing.storage.plain_pickle as plain_pickle
 
     monkeypatch.setattr(plain_pickle, "safe_globals", lambda: allowed)
     assert RestrictedUnpickler(io.BytesIO(data)).load() == Path("a/b")

@@ -19,23 +19,23 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hasten.checkpointing import checksum
-from hasten.checkpointing.io import UnsafeCheckpointError
-from hasten.checkpointing.manifest import (
+from hasten.checkpointing.storage import checksum
+from hasten.checkpointing.storage.io import UnsafeCheckpointError
+from hasten.checkpointing.storage.manifest import (
     ChecksumWriter,
     CorruptCheckpointError,
     read_manifest,
     write_bytes,
     write_manifest,
 )
-from hasten.checkpointing.reader import (
+from hasten.checkpointing.storage.reader import (
     CheckpointReader,
     host_buffer,
     map_verified,
-    read_threads,
     read_verified,
     unpickle_buffer,
 )
+from hasten.checkpointing.storage.threads import io_threads
 
 
 def _reference_blocks(data: bytes, block: int) -> list[str]:
@@ -174,7 +174,7 @@ def test_unpickle_buffer_refuses_code_and_takes_legacy_files() -> None:
 
 
 def test_checkpoint_reader_reads_tensors_and_pickles(tmp_path: Path) -> None:
-    from hasten.checkpointing.tensors import safetensors_bytes
+    from hasten.checkpointing.storage.tensors import safetensors_bytes
 
     folder = tmp_path / "c"
     folder.mkdir()
@@ -216,7 +216,7 @@ def test_loads_share_one_read_pool_at_once_nested_and_in_a_forked_child(
                 ok = inner.unpickle("opt.bin")["t"].numpy().tobytes() == expected
             return ok and pending.result()["t"].numpy().tobytes() == expected
 
-    from hasten.checkpointing import scatter
+    from hasten.checkpointing.storage import scatter
 
     readers: set[threading.Thread] = set()
     real_read_views = scatter.read_views
@@ -225,19 +225,19 @@ def test_loads_share_one_read_pool_at_once_nested_and_in_a_forked_child(
         readers.add(threading.current_thread())
         real_read_views(*args)
 
-    pool = read_threads()
+    pool = io_threads()
     with monkeypatch.context() as patch:
         patch.setattr(scatter, "read_views", read_views)
         with ThreadPoolExecutor(4) as callers:  # loads from several threads at once
             assert all(callers.map(lambda _: nested_loads(), range(8)))
     # the same few threads read for every load, and are kept for the next one
-    assert read_threads() is pool
+    assert io_threads() is pool
     assert 1 < len(readers) <= 8 and all(t.is_alive() for t in readers), readers
     child = os.fork()
     if child == 0:  # pragma: no cover - the child reports through its exit code
         ok = False
         try:
-            ok = nested_loads() and read_threads() is not pool  # the parent's threads are gone
+            ok = nested_loads() and io_threads() is not pool  # the parent's threads are gone
         finally:
             os._exit(0 if ok else 1)
     deadline = time.monotonic() + 60

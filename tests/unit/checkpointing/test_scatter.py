@@ -13,16 +13,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hasten.checkpointing import checksum
-from hasten.checkpointing.manifest import (
+from hasten.checkpointing.storage import checksum
+from hasten.checkpointing.storage.manifest import (
     CorruptCheckpointError,
     read_manifest,
     write_bytes,
     write_manifest,
 )
-from hasten.checkpointing.reader import CheckpointReader, host_buffer, unpickle_buffer
-from hasten.checkpointing.scatter import _block_views, check_blocks, place_tensors, submit_blocks
-from hasten.checkpointing.tensors import safetensors_bytes
+from hasten.checkpointing.storage.reader import CheckpointReader, host_buffer, unpickle_buffer
+from hasten.checkpointing.storage.scatter import (
+    _block_views,
+    check_blocks,
+    place_tensors,
+    submit_blocks,
+)
+from hasten.checkpointing.storage.tensors import safetensors_bytes
 
 
 @settings(max_examples=80, deadline=None)
@@ -138,7 +143,7 @@ def _model() -> torch.nn.Module:
 def test_large_safetensors_load_into_the_parameters_themselves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hasten.checkpointing import reader
+    from hasten.checkpointing.storage import reader
 
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)
     monkeypatch.setattr(checksum, "BLOCK_BYTES", 1024)

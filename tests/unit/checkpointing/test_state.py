@@ -15,9 +15,9 @@ from hasten.checkpointing import (
     CorruptCheckpointError,
     check_checkpointable,
 )
-from hasten.checkpointing.manifest import MANIFEST_NAME
 from hasten.checkpointing.state import load_contents, save_contents
-from hasten.checkpointing.writer import PendingSave
+from hasten.checkpointing.storage.manifest import MANIFEST_NAME
+from hasten.checkpointing.storage.writer import PendingSave
 from hasten.config.project import ProjectConfiguration
 
 
@@ -148,7 +148,7 @@ def test_a_different_model_names_the_mismatching_keys(tmp_path: Path) -> None:
 def test_a_strict_mismatch_leaves_the_model_untouched_when_read_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hasten.checkpointing import reader
+    from hasten.checkpointing.storage import reader
 
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # the weights would be read into place
     model, opt, sched, counter = _setup(0)
@@ -333,7 +333,7 @@ def test_accumulated_gradients_round_trip_per_process(tmp_path: Path) -> None:
 def test_multi_block_files_are_read_in_parallel_and_verified_before_use(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hasten.checkpointing import checksum, reader
+    from hasten.checkpointing.storage import checksum, reader
 
     monkeypatch.setattr(checksum, "BLOCK_BYTES", 4096)  # every file spans several blocks
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # and is read into place
@@ -357,7 +357,7 @@ def test_multi_block_files_are_read_in_parallel_and_verified_before_use(
 
 
 def test_async_saves_reuse_host_buffers_and_keep_ties(tmp_path: Path) -> None:
-    from hasten.checkpointing.writer import HostBuffers
+    from hasten.checkpointing.storage.writer import HostBuffers
 
     model, opt, sched, counter = _setup(0)
     buffers = HostBuffers()
@@ -384,7 +384,7 @@ def test_async_saves_reuse_host_buffers_and_keep_ties(tmp_path: Path) -> None:
 def test_reloading_in_process_reuses_the_live_tensors_and_resumes_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hasten.checkpointing import checksum, reader
+    from hasten.checkpointing.storage import checksum, reader
 
     monkeypatch.setattr(checksum, "BLOCK_BYTES", 4096)
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)  # every file is read into place
@@ -403,7 +403,7 @@ def test_reloading_in_process_reuses_the_live_tensors_and_resumes_exactly(
 def test_an_optimizer_without_a_cheap_state_dict_is_loaded_into_fresh_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hasten.checkpointing import reader
+    from hasten.checkpointing.storage import reader
 
     monkeypatch.setattr(reader, "_SMALL_BYTES", 0)
     model, opt, sched, counter = _setup(0)
@@ -426,7 +426,7 @@ def test_async_save_holds_the_next_optimizer_step_until_its_state_is_copied(
 ) -> None:
     import time
 
-    from hasten.checkpointing import writer
+    from hasten.checkpointing.storage import writer
 
     take = writer.Snapshot.take
 
@@ -456,7 +456,7 @@ def test_a_failed_deferred_copy_releases_the_optimizer_and_is_reported(
 ) -> None:
     import threading
 
-    from hasten.checkpointing import writer
+    from hasten.checkpointing.storage import writer
 
     copy = writer.HostBuffers.copy
 

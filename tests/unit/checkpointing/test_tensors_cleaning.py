@@ -1,4 +1,4 @@
-"""checkpointing.tensors.clean_state_dict_for_safetensors and io.TORCH_SAFE_GLOBALS."""
+"""checkpointing.storage.tensors.clean_state_dict_for_safetensors and io.TORCH_SAFE_GLOBALS."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from hasten.checkpointing import io
-from hasten.checkpointing.tensors import clean_state_dict_for_safetensors, id_tensor_storage
+from hasten.checkpointing.storage import io
+from hasten.checkpointing.storage.tensors import clean_state_dict_for_safetensors, id_tensor_storage
 
 
 def test_clean_state_dict_drops_aliases_and_makes_tensors_contiguous(

@@ -89,7 +89,7 @@ def test_hasten_submodules_are_attributes_and_import_stays_lazy() -> None:
         assert hasten.big_modeling.init_empty_weights is hasten.init_empty_weights
         assert callable(hasten.utils.modeling.compute_module_sizes)
         assert hasten.tracking.base.GeneralTracker is hasten.tracking.GeneralTracker
-        assert hasten.checkpointing.io.save is hasten.checkpointing.save
+        assert hasten.checkpointing.storage.io.save is hasten.checkpointing.save
         assert "utils" in dir(hasten) and "modeling" in dir(hasten.utils)
         print("ok")
     """

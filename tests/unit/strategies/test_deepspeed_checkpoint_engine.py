@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from hasten.checkpointing import checksum
-from hasten.checkpointing.engine import (
+from hasten.checkpointing.storage import checksum
+from hasten.checkpointing.storage.engine_files import (
     EngineFiles,
     EngineReads,
     files_to_verify,
     load_engine_checkpoint,
 )
-from hasten.checkpointing.manifest import (
+from hasten.checkpointing.storage.manifest import (
     CorruptCheckpointError,
     read_manifest,
     write_bytes,

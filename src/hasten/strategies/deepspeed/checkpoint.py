@@ -33,7 +33,7 @@ __all__ = [
 
 
 class EngineFileSink(Protocol):
-    """Where hasten takes the engine's files during a save (``checkpointing.engine``)."""
+    """Where hasten takes the engine's files during a save (``checkpointing.storage.engine_files``)."""
 
     def write(self, path: str, obj: Any, serialize: Callable[[Any, BinaryIO], None]) -> None:
         """Store ``serialize(obj, handle)`` as the file ``path`` (inside the staging folder)."""
@@ -41,7 +41,7 @@ class EngineFileSink(Protocol):
 
 
 class EngineFileSource(Protocol):
-    """Where hasten gives the engine its files during a load (``checkpointing.engine``)."""
+    """Where hasten gives the engine its files during a load (``checkpointing.storage.engine_files``)."""
 
     def read(self, path: str, load: Callable[[BinaryIO], Any]) -> Any:
         """``load(file)`` of the file ``path``, over its bytes verified against the manifest."""

@@ -46,11 +46,16 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
-from hasten.checkpointing import checksum
-from hasten.checkpointing.dcp_safe import SafeFileSystemReader, load_metadata, load_tensor_item
-from hasten.checkpointing.io import EarlyWriteback, ViewFile, file_threads, fsync_directory
-from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
-from hasten.checkpointing.reader import map_verified
+from hasten.checkpointing.storage import checksum
+from hasten.checkpointing.storage.dcp_safe import (
+    SafeFileSystemReader,
+    load_metadata,
+    load_tensor_item,
+)
+from hasten.checkpointing.storage.io import EarlyWriteback, ViewFile, fsync_directory
+from hasten.checkpointing.storage.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.storage.reader import map_verified
+from hasten.checkpointing.storage.threads import io_threads
 
 __all__ = ["METADATA_NAME", "PartedReader", "PartedWriter", "part_of", "read_part_metadata"]
 
@@ -183,10 +188,10 @@ class PartedWriter(FileSystemWriter):
             sub = dataclasses.replace(plan, items=by_part[part])
             return list(self._part_writer(part).write_data(sub, planner).value())
 
-        # one file per part and process on the file threads, the other files meanwhile from
+        # one file per part and process on the I/O threads, the other files meanwhile from
         # here (large writes and fsyncs release the GIL; concurrent fsyncs share the file
         # system's journal commits)
-        writes = [file_threads().submit(write, part) for part in self.parts]
+        writes = [io_threads().submit(write, part) for part in self.parts]
         if self._also is not None:
             self._also_records = list(self._also())
         results: list[Any] = [r for future in writes for r in future.result()]
@@ -210,7 +215,7 @@ class PartedWriter(FileSystemWriter):
             part, key = part_of(result.index.fqn)
             index = MetadataIndex(key, result.index.offset, result.index.index)
             parts[part].storage_data[index] = result.storage_data
-        written = list(file_threads().map(self._write_index, parts.items()))
+        written = list(io_threads().map(self._write_index, parts.items()))
         self.all_records = [r for g in gathered for r in g.records] + written
 
     def _write_index(self, item: tuple[str, Metadata]) -> FileRecord:
@@ -317,7 +322,7 @@ class PartedReader(SafeFileSystemReader):
     """Reads every part folder of ``root`` in one DCP load of a ``{part: state_dict}``.
 
     With a ``manifest``, every file of the parts is verified by one process (`_owner`): mapped
-    and checked on the file threads from construction on (while DCP plans), then served from
+    and checked on the I/O threads from construction on (while DCP plans), then served from
     the mapping. DCP's local planning step waits for the checks, so a damaged file fails the
     planning on that process, which DCP reports to every process before any tensor is filled.
     ``rank`` and ``world_size`` are this process's among the processes loading.
@@ -350,7 +355,7 @@ class PartedReader(SafeFileSystemReader):
                 if n.startswith(prefixes) and not n.endswith(f"/{METADATA_NAME}")
             )
             mine = [n for i, n in enumerate(self._names) if _owner(n, i, world_size) == rank]
-            self._checks = [file_threads().submit(self._check, name) for name in mine]
+            self._checks = [io_threads().submit(self._check, name) for name in mine]
 
     @property
     def metadata(self) -> Metadata:

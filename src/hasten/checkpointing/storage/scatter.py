@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from hasten.checkpointing.checksum import pieces_digest
-from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.storage.checksum import pieces_digest
+from hasten.checkpointing.storage.manifest import CorruptCheckpointError, FileRecord
 
 __all__ = ["Placement", "check_blocks", "place_tensors", "read_views", "submit_blocks"]
 

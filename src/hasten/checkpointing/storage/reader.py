@@ -2,11 +2,11 @@
 
 Each file is read once, by several threads at a time (one block each), and every block is hashed
 right after it is read, while it is still in cache. Large files go straight to where their
-tensors will live (`hasten.checkpointing.scatter`); the rest, and files bound for another
+tensors will live (`hasten.checkpointing.storage.scatter`); the rest, and files bound for another
 device, go whole into fresh host memory and are handed on only once every block matches.
 Tensors are views of that memory (safetensors through `tensors_from_safetensors`, pickles
-through `unpickle_buffer`): no second copy. Every load shares one pool of read threads per
-process (`read_threads`), started on first use.
+through `unpickle_buffer`): no second copy. Every load reads on the process's one pool of I/O
+threads (`hasten.checkpointing.storage.threads.io_threads`), started on first use.
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ import io
 import mmap
 import os
 import pickle
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, wait
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
 import torch
 
-from hasten.checkpointing.checksum import block_digest
-from hasten.checkpointing.io import in_place_loader, load, refuse_unsafe
-from hasten.checkpointing.manifest import CorruptCheckpointError, FileRecord
-from hasten.checkpointing.plain_pickle import PLAIN_PICKLE
-from hasten.checkpointing.scatter import check_blocks, place_tensors, submit_blocks
-from hasten.checkpointing.tensors import tensors_from_safetensors
+from hasten.checkpointing.storage.checksum import block_digest
+from hasten.checkpointing.storage.io import in_place_loader, load, refuse_unsafe
+from hasten.checkpointing.storage.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.storage.plain_pickle import PLAIN_PICKLE
+from hasten.checkpointing.storage.scatter import check_blocks, place_tensors, submit_blocks
+from hasten.checkpointing.storage.tensors import tensors_from_safetensors
+from hasten.checkpointing.storage.threads import io_threads
 
 __all__ = [
     "Buffer",
@@ -38,7 +38,6 @@ __all__ = [
     "PendingRead",
     "host_buffer",
     "map_verified",
-    "read_threads",
     "read_verified",
     "unpickle_buffer",
 ]
@@ -205,36 +204,8 @@ def unpickle_buffer(buffer: Buffer, map_location: Any = None, source: object = N
     return load(io.BytesIO(buffer), map_location=map_location) if loaded is None else loaded
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def read_threads() -> ThreadPoolExecutor:
-    """The threads every checkpoint load of this process reads and hashes blocks on.
-
-    Started on first use and kept (a thread start per load cost more than a small load's
-    reads); a forked child starts its own. Tasks only read and hash, never wait for other tasks,
-    so loads running at once (a load from an asynchronous save's thread, say) share it safely.
-    Python joins its idle threads at exit.
-    """
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            workers = max(1, min(8, os.cpu_count() or 1))
-            _pool = ThreadPoolExecutor(workers, thread_name_prefix="hasten-read")
-        return _pool
-
-
-def _forget_pool() -> None:
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
-
 class _Tasks(Executor):
-    """The shared read threads as one reader uses them: it waits for its own tasks at the end."""
+    """The shared I/O threads as one reader uses them: it waits for its own tasks at the end."""
 
     def __init__(self, pool: Executor) -> None:
         self._pool = pool
@@ -273,8 +244,8 @@ class PendingRead:
 class CheckpointReader:
     """The files of one checkpoint folder, read in parallel and verified against its manifest.
 
-    Use it as a context manager: leaving it waits for the blocks it queued on the read threads
-    (`read_threads`) and closes its files. The ``start_*`` methods return as soon as a large
+    Use it as a context manager: leaving it waits for the blocks it queued on the I/O threads
+    (`io_threads`) and closes its files. The ``start_*`` methods return as soon as a large
     file is parsed and its blocks are queued, so the caller can parse the next file while the
     threads read this one.
     """
@@ -282,7 +253,7 @@ class CheckpointReader:
     def __init__(self, folder: Path, manifest: dict[str, Any] | None) -> None:
         self.folder = folder
         self.manifest = manifest
-        self._pool = _Tasks(read_threads())
+        self._pool = _Tasks(io_threads())
         self._open: list[BinaryIO] = []
 
     def __enter__(self) -> CheckpointReader:
@@ -326,7 +297,7 @@ class CheckpointReader:
         """Start loading the safetensors file ``name``.
 
         Large files are read straight into ``like``'s matching tensors (reused, as a model's
-        parameters) or into fresh host memory (see `hasten.checkpointing.scatter`).
+        parameters) or into fresh host memory (see `hasten.checkpointing.storage.scatter`).
         ``check`` sees the tensors (names, shapes, dtypes) before any data is read into place;
         an exception it raises leaves ``like`` untouched.
         """

@@ -36,8 +36,12 @@ from torch.distributed.checkpoint.default_planner import create_default_local_lo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan
 
-from hasten.checkpointing.io import UnsafeCheckpointError, in_place_loader
-from hasten.checkpointing.plain_pickle import PLAIN_GLOBALS, PLAIN_PICKLE, RestrictedUnpickler
+from hasten.checkpointing.storage.io import UnsafeCheckpointError, in_place_loader
+from hasten.checkpointing.storage.plain_pickle import (
+    PLAIN_GLOBALS,
+    PLAIN_PICKLE,
+    RestrictedUnpickler,
+)
 
 __all__ = [
     "SafeFileSystemReader",

@@ -6,7 +6,7 @@ folder has its own manifest, named after the lowest rank that wrote there
 (``hasten_manifest.json`` for rank 0's, ``hasten_manifest_<rank>.json`` for the others), so
 folders copied together (as Ray Train does with its workers' checkpoints) keep every manifest
 and read as one. Checksums are computed while writing (see `ChecksumWriter`) and
-while reading (see `hasten.checkpointing.reader`), never in a separate pass over the data.
+while reading (see `hasten.checkpointing.storage.reader`), never in a separate pass over the data.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hasten.checkpointing import checksum
-from hasten.checkpointing.io import EarlyWriteback, atomic_write, fsync_directory
+from hasten.checkpointing.storage import checksum
+from hasten.checkpointing.storage.io import EarlyWriteback, atomic_write, fsync_directory
 
 __all__ = [
     "ChecksumWriter",

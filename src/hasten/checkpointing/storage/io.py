@@ -19,13 +19,12 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import torch
 
-from hasten.checkpointing.tensors import clean_state_dict_for_safetensors
+from hasten.checkpointing.storage.tensors import clean_state_dict_for_safetensors
 from hasten.state import PartialState
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "UnsafeCheckpointError",
     "ViewFile",
     "atomic_write",
-    "file_threads",
     "fsync_directory",
     "fsync_path",
     "in_place_loader",
@@ -46,33 +44,6 @@ __all__ = [
 ]
 
 _SAFETENSORS_SUFFIX = ".safetensors"
-
-_FILE_THREADS = 4
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def file_threads() -> ThreadPoolExecutor:
-    """The few threads that write, hash and fsync checkpoint files, kept between saves.
-
-    Starting threads for every save costs more than a small checkpoint's fsyncs. A forked child
-    gets a pool of its own (the parent's threads do not exist there). Tasks must not wait for
-    other tasks of this pool.
-    """
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            workers = max(1, min(_FILE_THREADS, os.cpu_count() or 1))
-            _pool = ThreadPoolExecutor(workers, "hasten-file")
-        return _pool
-
-
-def _forget_pool() -> None:
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):

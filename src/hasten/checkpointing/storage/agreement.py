@@ -3,7 +3,7 @@
 hasten never assumes that every process sees the same folder: nodes may share no storage, and a
 Ray Train worker often saves into a temporary folder of its own. A save therefore goes:
 
-1. Every process makes the staging folder of its own target (`hasten.checkpointing.layout.
+1. Every process makes the staging folder of its own target (`hasten.checkpointing.storage.paths.
    staging_path`, whose name is unique to this save, so nothing a crashed save left can mix in)
    and leaves a claim in it, ``.hasten_rank_<rank>`` (`SaveAgreement.claim`); one barrier, and
    every claim is in place.
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from hasten.checkpointing.manifest import FileRecord
+from hasten.checkpointing.storage.manifest import FileRecord
 from hasten.ops.comm import Communicator, current_comm, group_comm
 from hasten.state import PartialState
 from hasten.state._shared import register_reset_hook

@@ -6,7 +6,7 @@ C unpickler with a ``find_class`` that allows only an explicit list of globals (
 distinct global, so at C speed); `PLAIN_PICKLE` is it as the pickle module ``torch.load`` and
 torch's archive decoder take. Whatever it refuses raises `UnsafeCheckpointError`; callers that
 want torch's wider ``weights_only`` list then hand the file to it (see
-`hasten.checkpointing.reader.unpickle_buffer`).
+`hasten.checkpointing.storage.reader.unpickle_buffer`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hasten.checkpointing.io import UnsafeCheckpointError, safe_globals
+from hasten.checkpointing.storage.io import UnsafeCheckpointError, safe_globals
 
 __all__ = ["PLAIN_GLOBALS", "PLAIN_PICKLE", "RestrictedUnpickler"]
 

@@ -2,7 +2,7 @@
 
 Every process writes its share into the staging folder of the folder it was given, then the
 processes agree over the process group on what each wrote and where
-(`hasten.checkpointing.agreement`): each folder's owner (the lowest rank writing there) collects
+(`hasten.checkpointing.storage.agreement`): each folder's owner (the lowest rank writing there) collects
 its members' records (size, block checksums), writes the manifest and renames the folder into
 place. A background save (``async_save``) agrees over a gloo group of its own, so its collective
 never interleaves with the training loop's.
@@ -22,22 +22,27 @@ from typing import Any
 
 import torch
 
-from hasten.checkpointing import layout
-from hasten.checkpointing.agreement import SaveAgreement
-from hasten.checkpointing.engine import (
+from hasten.checkpointing.storage import paths
+from hasten.checkpointing.storage.agreement import SaveAgreement
+from hasten.checkpointing.storage.engine_files import (
     EngineFiles,
     engine_file_names,
     hash_existing,
     subdirectories,
 )
-from hasten.checkpointing.io import EarlyWriteback, file_threads, fsync_directory, fsync_path
-from hasten.checkpointing.manifest import (
+from hasten.checkpointing.storage.io import (
+    EarlyWriteback,
+    fsync_directory,
+    fsync_path,
+)
+from hasten.checkpointing.storage.manifest import (
     ChecksumWriter,
     FileRecord,
     manifest_name,
     write_manifest,
 )
-from hasten.checkpointing.tensors import write_safetensors
+from hasten.checkpointing.storage.tensors import write_safetensors
+from hasten.checkpointing.storage.threads import io_threads
 from hasten.core.nested import recursively_apply
 from hasten.ops.comm import Communicator
 from hasten.state import recorder
@@ -161,9 +166,9 @@ def safetensors_job(name: str, state: dict[str, torch.Tensor]) -> FileJob:
 def model_jobs(states: list[dict[str, torch.Tensor]], safe: bool) -> list[FileJob]:
     """Files for the model weights: safetensors (tied weights stored once) or pickles."""
     return [
-        FileJob(layout.model_file(i, True), _safetensors_writer(state))
+        FileJob(paths.model_file(i, True), _safetensors_writer(state))
         if safe
-        else pickle_job(layout.model_file(i, False), state)
+        else pickle_job(paths.model_file(i, False), state)
         for i, state in enumerate(states)
     ]
 
@@ -176,7 +181,7 @@ class SavePlan:
     rank: int
     num_processes: int
     is_writer: bool  # writes the files every process reads (model, optimizer, ...)
-    token: str = ""  # names this save (`hasten.checkpointing.agreement.next_token`)
+    token: str = ""  # names this save (`hasten.checkpointing.storage.agreement.next_token`)
     jobs: list[FileJob] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     prewritten: list[FileRecord] = field(default_factory=list)  # e.g. this process's DCP shards
@@ -204,7 +209,7 @@ class SavePlan:
     @property
     def staging(self) -> Path:
         """The hidden folder the files go to before the rename."""
-        return layout.staging_path(self.final, self.token)
+        return paths.staging_path(self.final, self.token)
 
     @functools.cached_property
     def agreement(self) -> SaveAgreement:
@@ -262,20 +267,20 @@ def _adopt_named(folder: Path, name: str) -> FileRecord:
 
 
 def start_adopting(plan: SavePlan, names: list[str]) -> None:
-    """Start checksumming and fsyncing ``names``, written by an engine itself, on the file threads."""
-    pool = file_threads()
+    """Start checksumming and fsyncing ``names``, written by an engine itself, on the I/O threads."""
+    pool = io_threads()
     plan.adopting += [pool.submit(_adopt_named, plan.staging, name) for name in names]
 
 
 def start_jobs(plan: SavePlan) -> None:
-    """Start writing (and fsyncing) this process's own files on the file threads now.
+    """Start writing (and fsyncing) this process's own files on the I/O threads now.
 
     For a save whose engine works first (DeepSpeed): hasten's small files are written while
     the engine serialises its state; `run_plan` then only waits for them. Only the first call
     starts them.
     """
     if plan.started is None:
-        pool = file_threads()
+        pool = io_threads()
         plan.started = [pool.submit(_write_and_sync, plan.staging, job) for job in plan.jobs]
 
 
@@ -313,7 +318,7 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
         if plan.started is not None:
             records = [future.result() for future in plan.started]
         else:
-            pool = file_threads()
+            pool = io_threads()
             records = list(pool.map(functools.partial(_write_named, plan.staging), plan.jobs))
             list(pool.map(functools.partial(_sync_named, plan.staging), records))
         records += _engine_records(plan)
@@ -336,7 +341,7 @@ def _adopt_unlisted(
 
     The fsyncs run while the manifest is written; the folder is published after both.
     """
-    pool = file_threads()
+    pool = io_threads()
     try:
         early = [future.result() for future in plan.adopting]
         known = {r.name for r in [*listed, *early]}
@@ -420,15 +425,15 @@ def _publish(
     plan.agreement.remove_claims(members)
     # the subfolders' entries (engine files, async jobs) are made durable once, here
     folders = subdirectories(plan.staging, [r.name for r in everyone])
-    syncs += [file_threads().submit(fsync_directory, folder) for folder in folders]
+    syncs += [io_threads().submit(fsync_directory, folder) for folder in folders]
     name = manifest_name(plan.rank)
     write_manifest(plan.staging, everyone, {**plan.extra, "save": plan.token, **extra}, name)
     for future in syncs:
         future.result()
-    layout.publish(plan.staging, plan.final)
-    layout.remove_stale_staging(plan.final)
+    paths.publish(plan.staging, plan.final)
+    paths.remove_stale_staging(plan.final)
     if plan.total_limit is not None and plan.project_dir is not None:
-        layout.prune_checkpoints(plan.project_dir, plan.total_limit)
+        paths.prune_checkpoints(plan.project_dir, plan.total_limit)
     return plan.final
 
 

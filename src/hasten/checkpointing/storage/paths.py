@@ -13,8 +13,9 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
-from hasten.checkpointing.io import file_threads, fsync_directory
-from hasten.checkpointing.manifest import CorruptCheckpointError, read_manifest
+from hasten.checkpointing.storage.io import fsync_directory
+from hasten.checkpointing.storage.manifest import CorruptCheckpointError, read_manifest
+from hasten.checkpointing.storage.threads import io_threads
 from hasten.core.constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -110,7 +111,7 @@ def checkpoint_path(project_dir: str | os.PathLike[str], iteration: int) -> Path
 def staging_path(final: Path, token: str = "") -> Path:
     """The hidden sibling a checkpoint is written into before it is renamed into place.
 
-    ``token`` names the save (`hasten.checkpointing.agreement.next_token`), so a folder a
+    ``token`` names the save (`hasten.checkpointing.storage.agreement.next_token`), so a folder a
     crashed save left is never written into again; `remove_stale_staging` removes it.
     """
     middle = f".{token}" if token else ""
@@ -130,7 +131,7 @@ _REMOVALS_LOCK = threading.Lock()
 
 
 def _remove_in_background(path: Path) -> None:
-    removal = file_threads().submit(shutil.rmtree, path, ignore_errors=True)
+    removal = io_threads().submit(shutil.rmtree, path, ignore_errors=True)
     with _REMOVALS_LOCK:
         _REMOVALS[path] = removal
 

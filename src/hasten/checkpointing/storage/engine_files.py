@@ -22,16 +22,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Protocol, cast
 
-from hasten.checkpointing import checksum
-from hasten.checkpointing.io import (
+from hasten.checkpointing.storage import checksum
+from hasten.checkpointing.storage.io import (
     EarlyWriteback,
     ViewFile,
-    file_threads,
     fsync_directory,
     fsync_path,
 )
-from hasten.checkpointing.manifest import ChecksumWriter, CorruptCheckpointError, FileRecord
-from hasten.checkpointing.reader import Buffer, map_verified, read_threads
+from hasten.checkpointing.storage.manifest import ChecksumWriter, CorruptCheckpointError, FileRecord
+from hasten.checkpointing.storage.reader import Buffer, map_verified
+from hasten.checkpointing.storage.threads import io_threads
 from hasten.state import PartialState
 
 __all__ = [
@@ -125,7 +125,7 @@ class EngineFiles:
                 serialize(obj, writer)  # type: ignore[arg-type]
                 handle.flush()
             self._records.append(writer.record(name))
-            future = file_threads().submit(fsync_path, self.folder / name)
+            future = io_threads().submit(fsync_path, self.folder / name)
             self._syncs.append((name, future))
         except Exception as exc:  # noqa: BLE001 - reported by finish() on this process
             self.failure = (name, exc)
@@ -226,7 +226,7 @@ class EngineReads:
     """The engine files one process verifies before a load and then hands the engine to parse.
 
     `verify` maps each file and checks its blocks against the manifest from the map (hashed on
-    the read threads); the engine's loads then parse those same pages through `read`, so no file
+    the I/O threads); the engine's loads then parse those same pages through `read`, so no file
     is read a second time and nothing is parsed before every process's files were checked. Use
     it as a context manager: leaving it unmaps the files.
 
@@ -260,7 +260,7 @@ class EngineReads:
             CorruptCheckpointError: a file is not listed, or its size or a block differs.
         """
         for name in names:
-            self._verified[name] = map_verified(self.folder, name, self.manifest, read_threads())
+            self._verified[name] = map_verified(self.folder, name, self.manifest, io_threads())
 
     def read(self, path: str, load: Callable[[BinaryIO], Any]) -> Any:
         """``load(file)`` of the engine file ``path``, over its verified bytes.
@@ -278,7 +278,7 @@ class EngineReads:
             )
         data = self._verified.get(name)
         if data is None:
-            data = map_verified(self.folder, name, self.manifest, read_threads())
+            data = map_verified(self.folder, name, self.manifest, io_threads())
             self._verified[name] = data
         view = memoryview(data)
         try:
