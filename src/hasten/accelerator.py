@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -1342,51 +1341,18 @@ class Accelerator:
         return self._checkpoints.register_load_state_pre_hook(hook)
 
     def _checkpoint_contents(self, for_save: bool) -> CheckpointContents:
-        from hasten.checkpointing.sharded_state import optimizer_owner
-        from hasten.checkpointing.state import CheckpointContents
+        """What this save_state/load_state holds, as the strategy's checkpoint layout takes it."""
+        from hasten.checkpointing.layouts.factory import checkpoint_layout
 
-        if self.strategy.checkpoint_layout == "engine":  # DeepSpeed writes its parts itself
-            if for_save and not self.sync_gradients:
-                warnings.warn(
-                    "save_state() in the middle of a DeepSpeed accumulation cycle: DeepSpeed's "
-                    "checkpoint does not hold the partly accumulated gradients, so after a "
-                    "resume from it the first update has only the gradients of the micro-"
-                    "batches that follow. Save when "
-                    "accelerator.sync_gradients is True (after the optimizer step) for an "
-                    "exact resume.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            return CheckpointContents(
-                prepared_models=list(self._models),
-                engine=self.strategy,
-                dataloaders=list(self._dataloaders),
-                custom_objects=list(self._custom_objects),
-            )
-        models = [self.unwrap_model(m) for m in self._models]
-        strategy = self.strategy
-        states: list[dict[str, Any]] = []
-        optimizer_states = None
-        if for_save and strategy.checkpoint_layout != "sharded":
-            if strategy.shards_parameters:  # gathered to the main process (collectives)
-                states = [strategy.model_state_dict(m, full=True) for m in self._models]
-                optimizer_states = [
-                    strategy.optimizer_state_dict(optimizer_owner(o, self._models), o, full=True)
-                    for o in self._optimizers
-                ]
-            else:
-                states = [m.state_dict() for m in models]
-        return CheckpointContents(
-            model_states=states,
-            models=models,
-            prepared_models=list(self._models),
-            optimizer_states=optimizer_states,
-            engine=strategy,
-            optimizers=list(self._optimizers),
-            schedulers=list(self._schedulers),
-            dataloaders=list(self._dataloaders),
-            custom_objects=list(self._custom_objects),
+        return checkpoint_layout(self.strategy).contents(
+            models=self._models,
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+            custom_objects=self._custom_objects,
             scaler=self.scaler,
+            for_save=for_save,
+            mid_cycle=not self.sync_gradients,
         )
 
     def save_state(

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _support.fsdp_models import TinyTransformer, train  # noqa: E402
 from hasten import Accelerator  # noqa: E402
+from hasten.checkpointing.layouts.factory import checkpoint_layout  # noqa: E402
 
 
 def main() -> int:
@@ -32,7 +33,7 @@ def main() -> int:
         "fraction": local / total,
         "losses": losses,
         "reshard_after_forward": plugin.reshard_after_forward,
-        "layout": accelerator.strategy.checkpoint_layout,
+        "layout": type(checkpoint_layout(accelerator.strategy)).__name__,
     }
     (out / f"result_{accelerator.process_index}.json").write_text(json.dumps(result))
     accelerator.end_training()

@@ -43,7 +43,7 @@ def test_launch_flags_shard_save_and_merge(tmp_path: Path) -> None:
     ]
     _run("launch", "--cpu", "--num_processes", "2", *flags, str(SCRIPT), str(tmp_path))
     results = [json.loads((tmp_path / f"result_{r}.json").read_text()) for r in (0, 1)]
-    assert results[0]["strategy"] == "fsdp2" and results[0]["layout"] == "sharded"
+    assert results[0]["strategy"] == "fsdp2" and results[0]["layout"] == "ShardedLayout"
     assert results[0]["reshard_after_forward"] is False
     assert all(0.4 < r["fraction"] < 0.6 for r in results)
     # merge-weights of the sharded checkpoint equals the gathered save_model output (the

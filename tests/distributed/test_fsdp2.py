@@ -231,7 +231,7 @@ def _crafted_checkpoints(folder: Path, accelerator: Any, tmp_path: Path) -> None
 
     import torch.distributed.checkpoint as dcp
 
-    from hasten.checkpointing.sharded_state import sharded_state_dicts
+    from hasten.checkpointing.layouts.parts import sharded_state_dicts
     from hasten.checkpointing.storage.io import UnsafeCheckpointError
 
     marker = tmp_path / "ran"
@@ -270,7 +270,7 @@ def _killed_during_save(folder: str) -> None:
     import os
     import signal
 
-    import hasten.checkpointing.sharded_state as sharded_state
+    import hasten.checkpointing.layouts.parts as sharded_state
 
     accelerator = _accelerator("fsdp2")
     model = TinyTransformer()

@@ -8,6 +8,7 @@ Accelerate's documented names for this area (``save_accelerator_state``,
 from hasten.core.lazy import lazy_namespace
 
 _TABLE: dict[str, list[str]] = {
+    "hasten.checkpointing.layouts.base": ["CheckpointContents"],
     "hasten.checkpointing.storage.io": ["UnsafeCheckpointError", "load", "save"],
     "hasten.checkpointing.manager": ["CheckpointManager", "check_checkpointable"],
     "hasten.checkpointing.storage.manifest": ["CorruptCheckpointError"],
@@ -20,7 +21,6 @@ _TABLE: dict[str, list[str]] = {
         "save_custom_state",
     ],
     "hasten.checkpointing.sharded": ["load_sharded_state", "save_sharded_state"],
-    "hasten.checkpointing.state": ["CheckpointContents"],
 }
 
 __getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())

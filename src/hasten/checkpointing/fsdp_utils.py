@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from hasten.checkpointing.merge import merge_on_main_process
-from hasten.checkpointing.sharded_state import sharded_model_dir, sharded_optimizer_dir
 from hasten.checkpointing.storage.io import atomic_write, load
+from hasten.checkpointing.storage.paths import sharded_model_dir, sharded_optimizer_dir
 from hasten.config import envvars
 from hasten.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
 from hasten.precision import Precision

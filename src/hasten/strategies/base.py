@@ -11,8 +11,9 @@ answers, for the whole run:
 - ``backward_fn`` / ``wrap_optimizer``: whether it owns backward and the optimizer step;
 - ``no_sync`` / ``clip_grad_norm_`` / ``unwrap``: per-step helpers;
 - ``model_state_dict`` / ``optimizer_state_dict`` (+ ``load_*``): full or sharded state dicts;
-- ``checkpoint_layout``: "replicated" (one copy, written by the main process) or "sharded"
-  (every process writes its part through torch.distributed.checkpoint).
+- ``checkpoint_layout``: how save_state writes its models and optimizers, one of the layouts a
+  `LayoutFactory` offers (one copy from the main process, gathered, sharded through
+  torch.distributed.checkpoint, or written by the engine itself).
 
 Every method here is the single-process answer; subclasses override only what differs.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -38,10 +39,12 @@ from hasten.strategies.unwrap import extract_model_from_parallel
 if TYPE_CHECKING:
     from hasten.config.enums import PrecisionType
     from hasten.config.kwargs import AutocastKwargs, FP8Recipe, GradScalerKwargs
+    from hasten.strategies.checkpoints import LayoutFactory
 
 __all__ = ["BackwardFn", "Strategy"]
 
 BackwardFn = Callable[..., None]
+LayoutT = TypeVar("LayoutT")
 
 
 class Strategy:
@@ -51,8 +54,6 @@ class Strategy:
     name: str = "base"
     #: True when gradients are exchanged between processes during backward.
     syncs_gradients: bool = False
-    #: How save_state writes models and optimizers: "replicated" or "sharded" (DCP).
-    checkpoint_layout: str = "replicated"
     #: Whether parameters are split across processes (plain ``state_dict()`` is not the model).
     shards_parameters: bool = False
     #: True when the engine places and steps the optimizer state itself (DeepSpeed).
@@ -212,6 +213,11 @@ class Strategy:
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # ------------------------------------------------------------------ state dicts
+
+    def checkpoint_layout(self, layouts: LayoutFactory[LayoutT]) -> LayoutT:
+        """How save_state writes this strategy's models and optimizers: one copy of each, from
+        the main process, loaded in place (`LayoutFactory.replicated`)."""
+        return layouts.replicated(self)
 
     def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:
         """The model's state dict: ``full`` = plain tensors (on the main process for sharded

@@ -30,7 +30,7 @@ from hasten.strategies.fsdp_plugin import resolve_offload
 from hasten.strategies.parallelize import ParallelPlan, parallelize
 from hasten.strategies.sharded import (
     ShardedStrategy,
-    checkpoint_layout_of,
+    saves_shards,
     state_dict_options,
     tied_parameter_names,
 )
@@ -107,7 +107,7 @@ class ComposableStrategy(ShardedStrategy):
         mesh: DeviceMesh | None = None,
         config: ParallelismConfig | None = None,
     ) -> None:
-        super().__init__(device, checkpoint_layout_of(plugin))
+        super().__init__(device, saves_shards(plugin))
         self.plugin = plugin
         self.mesh = mesh
         self.config = config
@@ -247,7 +247,7 @@ class ComposableStrategy(ShardedStrategy):
         return (
             f"ComposableStrategy(mesh={mesh}, tp={self.tensor_parallel}, "
             f"fsdp={self.plugin is not None}, reshard_after_forward={reshard!r}, "
-            f"state_dict={self.checkpoint_layout!r})"
+            f"sharded_checkpoints={self.sharded_checkpoints})"
         )
 
 

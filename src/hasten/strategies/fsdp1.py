@@ -31,7 +31,7 @@ from hasten.strategies.fsdp_plugin import ignored_modules
 from hasten.strategies.rebind import canonical_name
 from hasten.strategies.sharded import (
     ShardedStrategy,
-    checkpoint_layout_of,
+    saves_shards,
     tied_parameter_names,
 )
 
@@ -51,7 +51,7 @@ class FSDP1Strategy(ShardedStrategy):
     plugin: FullyShardedDataParallelPlugin
 
     def __init__(self, plugin: FullyShardedDataParallelPlugin, device: torch.device) -> None:
-        super().__init__(device, checkpoint_layout_of(plugin))
+        super().__init__(device, saves_shards(plugin))
         self.plugin = plugin
         # FULL_STATE_DICT with offload_to_cpu=True segfaults when FSDP1 computes on the CPU.
         self.full_offload = device.type != "cpu"

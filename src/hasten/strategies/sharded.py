@@ -19,19 +19,20 @@ from torch import nn
 from typing_extensions import override
 
 from hasten.optimizer import unwrap_optimizer
-from hasten.strategies.base import Strategy
+from hasten.strategies.base import LayoutT, Strategy
 from hasten.strategies.rebind import canonical_name
 
 if TYPE_CHECKING:
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.strategies.checkpoints import LayoutFactory
 
 __all__ = [
     "ShardedStrategy",
     "by_name",
     "by_position",
-    "checkpoint_layout_of",
     "gather_to_main",
     "keyed_by_name",
+    "saves_shards",
     "state_dict_options",
     "tied_parameter_names",
 ]
@@ -133,13 +134,14 @@ def by_name(
     }
 
 
-def checkpoint_layout_of(plugin: FullyShardedDataParallelPlugin | None) -> str:
-    """How save_state writes an FSDP plugin's models: "sharded" (DCP) for a SHARDED_STATE_DICT
-    (and without a plugin: tensor parallelism alone), else "replicated" (gathered)."""
+def saves_shards(plugin: FullyShardedDataParallelPlugin | None) -> bool:
+    """Whether save_state writes an FSDP plugin's models as shards (DCP): for a
+    SHARDED_STATE_DICT (and without a plugin: tensor parallelism alone); otherwise they are
+    gathered to the main process."""
     if plugin is None:
-        return "sharded"
+        return True
     name = getattr(plugin.state_dict_type, "name", str(plugin.state_dict_type))
-    return "sharded" if name == "SHARDED_STATE_DICT" else "replicated"
+    return name == "SHARDED_STATE_DICT"
 
 
 def keyed_by_name(state_dict: Any) -> bool:
@@ -200,7 +202,8 @@ class ShardedStrategy(Strategy):
 
     Args:
         device: this process's compute device.
-        checkpoint_layout: "sharded" or "replicated" (see `checkpoint_layout_of`).
+        sharded_checkpoints: whether save_state writes shards (DCP) or gathers the state to the
+            main process (see `saves_shards`).
     """
 
     syncs_gradients = True
@@ -211,9 +214,9 @@ class ShardedStrategy(Strategy):
     #: The FSDP plugin the strategy shards as (None: tensor parallelism alone).
     plugin: FullyShardedDataParallelPlugin | None = None
 
-    def __init__(self, device: torch.device, checkpoint_layout: str) -> None:
+    def __init__(self, device: torch.device, sharded_checkpoints: bool) -> None:
         self.device = device
-        self.checkpoint_layout = checkpoint_layout
+        self.sharded_checkpoints = sharded_checkpoints
         # Tied parameter names of each prepared model (keyed by what `_module` returns).
         self._ties: weakref.WeakKeyDictionary[nn.Module, list[list[str]]] = (
             weakref.WeakKeyDictionary()
@@ -226,6 +229,12 @@ class ShardedStrategy(Strategy):
 
     def _module(self, model: nn.Module) -> nn.Module:
         return self.unwrap(model, keep_torch_compile=False)
+
+    @override
+    def checkpoint_layout(self, layouts: LayoutFactory[LayoutT]) -> LayoutT:
+        """Shards through DCP (every process writes its own), or the state gathered to the main
+        process and written as one copy (`saves_shards`)."""
+        return layouts.sharded(self) if self.sharded_checkpoints else layouts.gathered(self)
 
     @override
     def model_state_dict(self, model: nn.Module, *, full: bool = True) -> dict[str, Any]:

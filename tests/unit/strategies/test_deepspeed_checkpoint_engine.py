@@ -10,13 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from hasten.checkpointing.layouts.engine import load_engine_checkpoint
 from hasten.checkpointing.storage import checksum
-from hasten.checkpointing.storage.engine_files import (
-    EngineFiles,
-    EngineReads,
-    files_to_verify,
-    load_engine_checkpoint,
-)
+from hasten.checkpointing.storage.engine_files import EngineFiles, EngineReads, files_to_verify
 from hasten.checkpointing.storage.manifest import (
     CorruptCheckpointError,
     read_manifest,

@@ -9,6 +9,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hasten.checkpointing.layouts.engine import EngineLayout
+from hasten.checkpointing.layouts.factory import checkpoint_layout
+from hasten.checkpointing.layouts.sharded import ShardedLayout
 from hasten.config.enums import DistributedType
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.state.engine import EngineChoice
@@ -105,7 +108,8 @@ def test_select_maps_types_to_strategies() -> None:
     assert isinstance(fsdp, (FSDP1Strategy, ComposableStrategy)) and fsdp.shards_parameters
     plugin2 = FullyShardedDataParallelPlugin(fsdp_version=2)
     chosen = select_strategy(EngineChoice("fsdp", DistributedType.FSDP, plugin2), device=cpu)
-    assert isinstance(chosen, ComposableStrategy) and chosen.checkpoint_layout == "sharded"
+    assert isinstance(chosen, ComposableStrategy)
+    assert isinstance(checkpoint_layout(chosen), ShardedLayout)
     # A DeepSpeed request this run cannot honour is refused, never silently ignored.
     choice = EngineChoice("none", DistributedType.MULTI_CPU, requested=("deepspeed",))
     plugin = select_strategy(choice, device=cpu)
@@ -114,7 +118,7 @@ def test_select_maps_types_to_strategies() -> None:
     deepspeed = EngineChoice("deepspeed", DistributedType.DEEPSPEED, deepspeed_plugins=object())
     strategy = select_strategy(deepspeed, device=cpu)
     assert isinstance(strategy, DeepSpeedStrategy)
-    assert strategy.backend == "gloo" and strategy.checkpoint_layout == "engine"
+    assert strategy.backend == "gloo" and isinstance(checkpoint_layout(strategy), EngineLayout)
     # A single process with an FSDP plugin has nothing to shard (Accelerate's behaviour).
     single = EngineChoice("none", DistributedType.NO, requested=("fsdp",))
     assert isinstance(select_strategy(single, device=cpu), SingleDeviceStrategy)

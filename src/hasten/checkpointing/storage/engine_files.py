@@ -1,4 +1,4 @@
-"""Checkpoints written by an engine (DeepSpeed) inside hasten's staged, verified folder.
+"""Files an engine (DeepSpeed) writes into hasten's staged, verified folder, and reads back.
 
 The engine hands each of its files (each process its ZeRO partition) to `EngineFiles`, which
 writes it through hasten's writer: the bytes are hashed as they are written and the file is
@@ -9,7 +9,8 @@ of a non-default checkpoint engine) are checksummed and fsynced afterwards (`rec
 All are listed in the manifest and the folder is published by one rename, so a kill at any
 moment leaves the previous checkpoint loadable. On load (`EngineReads`), every engine file is
 verified against the manifest before the engine reads any of it, each by a process that reads it
-anyway: the engine then parses the very bytes that were checked, so each file is read once.
+anyway: the engine then parses the very bytes that were checked, so each file is read once. The
+engine layout (`hasten.checkpointing.layouts.engine`) drives both.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Protocol, cast
+from typing import Any, BinaryIO, cast
 
 from hasten.checkpointing.storage import checksum
 from hasten.checkpointing.storage.io import (
@@ -32,45 +33,19 @@ from hasten.checkpointing.storage.io import (
 from hasten.checkpointing.storage.manifest import ChecksumWriter, CorruptCheckpointError, FileRecord
 from hasten.checkpointing.storage.reader import Buffer, map_verified
 from hasten.checkpointing.storage.threads import io_threads
-from hasten.state import PartialState
 
 __all__ = [
-    "EngineCheckpoint",
     "EngineFiles",
     "EngineReads",
     "engine_file_names",
     "files_to_verify",
     "hash_existing",
-    "load_engine_checkpoint",
     "record_existing",
     "subdirectories",
     "sync_directories",
 ]
 
 _READ_BYTES = 16 << 20
-
-
-class EngineCheckpoint(Protocol):
-    """What a strategy whose engine writes its own checkpoint provides."""
-
-    def save_checkpoint(self, folder: Path, files: EngineFiles | None = None) -> None:
-        """Write the engine state into ``folder`` (every process together), via ``files``."""
-        ...
-
-    def load_checkpoint(
-        self, folder: Path, strict: bool = True, files: EngineReads | None = None
-    ) -> None:
-        """Restore the engine state from ``folder`` (every process together), via ``files``."""
-        ...
-
-    def file_readers(self, name: str, num_processes: int) -> Collection[int]:
-        """The processes whose engine reads the file ``name`` through ``files`` (none: unknown)."""
-        ...
-
-    def refuses_process_count(self, saved: int, processes: int) -> str | None:
-        """Why the engine cannot load a checkpoint ``saved`` processes wrote on ``processes``
-        (None: it can)."""
-        ...
 
 
 Serializer = Callable[[Any, BinaryIO], None]
@@ -293,43 +268,3 @@ def _close(data: Buffer) -> None:
             data.close()
         except BufferError:  # something still holds a view: unmapped once it is gone
             pass
-
-
-def load_engine_checkpoint(
-    engine: EngineCheckpoint,
-    folder: Path,
-    manifest: dict[str, Any] | None,
-    strict: bool,
-    agree: Callable[[BaseException | None], None],
-) -> None:
-    """Verify every engine file, then let the engine load them, each file read once.
-
-    Each process checks the files its engine will read (and a share of the rest) and keeps them
-    mapped for the engine's loads (`EngineReads`). ``agree(error)`` (a collective: every process
-    calls it) raises on every process if any failed, so a damaged file is refused everywhere
-    before anything is parsed. A checkpoint of another number of processes than the engine can
-    load is refused first, on every process alike (the manifest records the number).
-
-    Raises:
-        ValueError: the engine cannot load it on this number of processes (says why).
-    """
-    saved, processes = (manifest or {}).get("num_processes"), PartialState().num_processes
-    reason = None if saved in (None, processes) else engine.refuses_process_count(saved, processes)
-    if reason is not None:
-        raise ValueError(reason)
-    if manifest is None:  # strict=False: nothing to verify against
-        engine.load_checkpoint(folder, strict=strict)
-        return
-    state = PartialState()
-    names = [n for n in manifest["files"] if os.sep in n or "/" in n]
-    mine = files_to_verify(names, state.process_index, state.num_processes, engine.file_readers)
-    with EngineReads(folder, manifest) as files:
-        error: BaseException | None = None
-        try:
-            files.verify(mine)
-        except (CorruptCheckpointError, OSError) as exc:
-            error = exc
-        agree(error)
-        if error is not None:
-            raise error
-        engine.load_checkpoint(folder, strict=strict, files=files)

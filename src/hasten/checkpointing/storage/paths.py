@@ -17,6 +17,7 @@ from hasten.checkpointing.storage.io import fsync_directory
 from hasten.checkpointing.storage.manifest import CorruptCheckpointError, read_manifest
 from hasten.checkpointing.storage.threads import io_threads
 from hasten.core.constants import (
+    FSDP_MODEL_NAME,
     MODEL_NAME,
     OPTIMIZER_NAME,
     RNG_STATE_NAME,
@@ -44,6 +45,8 @@ __all__ = [
     "sampler_file",
     "scaler_file",
     "scheduler_file",
+    "sharded_model_dir",
+    "sharded_optimizer_dir",
     "staging_path",
     "wait_for_removals",
 ]
@@ -101,6 +104,16 @@ def custom_object_file(index: int) -> str:
 def gradients_file(model_index: int, process_index: int) -> str:
     """``gradients_<model>_<rank>.safetensors``: gradients accumulated mid-cycle, per process."""
     return f"gradients_{model_index}_{process_index}.safetensors"
+
+
+def sharded_model_dir(index: int) -> str:
+    """``pytorch_model_fsdp_<index>``: model ``index``'s DCP folder (Accelerate's name)."""
+    return f"{FSDP_MODEL_NAME}_{index}"
+
+
+def sharded_optimizer_dir(index: int) -> str:
+    """``optimizer_<index>``: optimizer ``index``'s DCP folder (Accelerate's name)."""
+    return f"{OPTIMIZER_NAME}_{index}"
 
 
 def checkpoint_path(project_dir: str | os.PathLike[str], iteration: int) -> Path:

@@ -17,35 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Collection, Iterator
-from typing import Any, BinaryIO, Protocol
+from collections.abc import Collection, Iterator
+from typing import Any, BinaryIO
 
 import torch
 
+from hasten.strategies.checkpoints import EngineFileSink, EngineFileSource
+
 __all__ = [
-    "EngineFileSink",
-    "EngineFileSource",
     "HastenCheckpointEngine",
     "check_checkpoint_engine",
     "file_readers",
     "install_checkpoint_engine",
 ]
-
-
-class EngineFileSink(Protocol):
-    """Where hasten takes the engine's files during a save (``checkpointing.storage.engine_files``)."""
-
-    def write(self, path: str, obj: Any, serialize: Callable[[Any, BinaryIO], None]) -> None:
-        """Store ``serialize(obj, handle)`` as the file ``path`` (inside the staging folder)."""
-        ...
-
-
-class EngineFileSource(Protocol):
-    """Where hasten gives the engine its files during a load (``checkpointing.storage.engine_files``)."""
-
-    def read(self, path: str, load: Callable[[BinaryIO], Any]) -> Any:
-        """``load(file)`` of the file ``path``, over its bytes verified against the manifest."""
-        ...
 
 
 class HastenCheckpointEngine:

@@ -29,12 +29,11 @@ from hasten.optimizer import AcceleratedOptimizer
 from hasten.precision import Precision, select_precision
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState, PartialState
-from hasten.strategies.base import BackwardFn, Strategy
+from hasten.strategies.base import BackwardFn, LayoutT, Strategy
 from hasten.strategies.call import PrepareCall, Prepared
+from hasten.strategies.checkpoints import EngineFileSink, EngineFileSource, LayoutFactory
 from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.deepspeed.checkpoint import (
-    EngineFileSink,
-    EngineFileSource,
     HastenCheckpointEngine,
     check_checkpoint_engine,
     file_readers,
@@ -129,8 +128,6 @@ class DeepSpeedStrategy(Strategy):
 
     name = "deepspeed"
     syncs_gradients = True
-    #: The engine writes and reads models, optimizers and schedulers in save/load_state.
-    checkpoint_layout = "engine"
     #: The engine places and steps the optimizer state (offload may keep it on the host).
     owns_optimizer_step = True
 
@@ -412,6 +409,11 @@ class DeepSpeedStrategy(Strategy):
 
     def _engine_of(self, model: nn.Module) -> Any:
         return next((e for e in self.engines if e is model or e.module is model), None)
+
+    @override
+    def checkpoint_layout(self, layouts: LayoutFactory[LayoutT]) -> LayoutT:
+        """The engines write and read models, optimizers and schedulers themselves."""
+        return layouts.engine(self)
 
     def save_checkpoint(self, folder: Path, files: EngineFileSink | None = None) -> None:
         """Every engine writes its checkpoint (all processes call this together).

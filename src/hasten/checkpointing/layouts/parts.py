@@ -1,8 +1,8 @@
-"""Models and optimizers of a save_state checkpoint written sharded, through DCP, by every process.
+"""The sharded parts of a save_state checkpoint: models and optimizers in DCP folders.
 
-When the strategy's ``checkpoint_layout`` is "sharded", each model's and optimizer's sharded
-state dict (``strategy.model_state_dict(full=False)``: DTensor shards keyed by parameter name)
-goes into its own DCP folder inside the checkpoint's staging folder -- Accelerate's names,
+With the sharded layout (`hasten.checkpointing.layouts.sharded`), each model's and optimizer's
+sharded state dict (``strategy.model_state_dict(full=False)``: DTensor shards keyed by parameter
+name) goes into its own DCP folder inside the checkpoint's staging folder -- Accelerate's names,
 ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` -- with every process writing its
 ```__<rank>_*.distcp`` files in parallel. One DCP call writes (and one reads) every part, through
 `hasten.checkpointing.storage.dcp_storage`: files are hashed while written, so they join the manifest
@@ -10,8 +10,9 @@ like every other file without a second pass, and verified while read. The folder
 published atomically, a crash leaves only the staging folder, and a missing or damaged part is
 refused on load before any tensor is filled.
 
-Loading follows what is on disk, not the current strategy: DCP reshards while reading, so a
-checkpoint saved by N processes loads on M (a single process loads it into a plain model).
+Loading follows what is on disk, not the current strategy: every layout reads the parts it
+finds (`load_sharded_parts`), and DCP reshards while reading, so a checkpoint saved by N
+processes loads on M (a single process loads it into a plain model).
 """
 
 from __future__ import annotations
@@ -25,37 +26,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hasten.checkpointing.layouts.base import on_cpu
 from hasten.checkpointing.storage.io import UnsafeCheckpointError
 from hasten.checkpointing.storage.manifest import CorruptCheckpointError, FileRecord
+from hasten.checkpointing.storage.paths import sharded_model_dir, sharded_optimizer_dir
 from hasten.checkpointing.storage.writer import SavePlan, Snapshot, write_jobs
-from hasten.core.nested import recursively_apply
 from hasten.optimizer import unwrap_optimizer
 from hasten.state import PartialState
+from hasten.strategies.checkpoints import ShardedStateDicts, StateDicts
 
 __all__ = [
     "StagedParts",
     "load_sharded_parts",
     "make_part_folders",
     "optimizer_owner",
-    "sharded_model_dir",
-    "sharded_optimizer_dir",
     "sharded_state_dicts",
     "stage_sharded",
     "write_sharded_parts",
 ]
-
-_MODEL_DIR = "pytorch_model_fsdp_{index}"
-_OPTIMIZER_DIR = "optimizer_{index}"
-
-
-def sharded_model_dir(index: int) -> str:
-    """``pytorch_model_fsdp_<index>``: model ``index``'s DCP folder (Accelerate's name)."""
-    return _MODEL_DIR.format(index=index)
-
-
-def sharded_optimizer_dir(index: int) -> str:
-    """``optimizer_<index>``: optimizer ``index``'s DCP folder (Accelerate's name)."""
-    return _OPTIMIZER_DIR.format(index=index)
 
 
 def _distributed() -> bool:
@@ -80,45 +68,58 @@ def optimizer_owner(optimizer: Any, models: Sequence[torch.nn.Module]) -> torch.
 
 
 def sharded_state_dicts(
-    engine: Any, models: Sequence[Any], optimizers: Sequence[Any]
+    strategy: StateDicts,
+    models: Sequence[Any],
+    optimizers: Sequence[Any],
+    paired: ShardedStateDicts | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``{part folder: sharded state dict}`` of every model and optimizer (DTensor shards)."""
-    state, _, _ = _get_states(engine, dict(enumerate(models)), dict(enumerate(optimizers)), models)
+    """``{part folder: sharded state dict}`` of every model and optimizer (DTensor shards).
+
+    ``paired``: the strategy, when it gives a model's and its one optimizer's shards in one pass.
+    """
+    state, _, _ = _get_states(
+        strategy, paired, dict(enumerate(models)), dict(enumerate(optimizers)), models
+    )
     return state
 
 
 def _get_states(
-    engine: Any, models: dict[int, Any], optimizers: dict[int, Any], prepared: Sequence[Any]
+    strategy: StateDicts,
+    paired: ShardedStateDicts | None,
+    models: dict[int, Any],
+    optimizers: dict[int, Any],
+    prepared: Sequence[Any],
 ) -> tuple[dict[str, dict[str, Any]], dict[int, Any], dict[int, int]]:
     """The parts' sharded state dicts, each optimizer's owner, and the model/optimizer pairs.
 
-    A model with exactly one optimizer gets both state dicts from one call of the engine
-    (``sharded_state_dicts``, where it has one): torch's state-dict API then walks the model once.
+    With ``paired`` (a strategy that has it), a model with exactly one optimizer gets both
+    state dicts from one call: torch's state-dict API then walks the model once.
     """
     owners = {index: optimizer_owner(opt, prepared) for index, opt in optimizers.items()}
     pairs: dict[int, int] = {}
-    if callable(getattr(engine, "sharded_state_dicts", None)):
+    if paired is not None:
         for index, model in models.items():
             mine = [o for o, owner in owners.items() if owner is model]
             if len(mine) == 1:
                 pairs[index] = mine[0]
     state: dict[str, dict[str, Any]] = {}
     for index, model in models.items():
-        if index in pairs:
-            both = engine.sharded_state_dicts(model, optimizers[pairs[index]])
+        if paired is not None and index in pairs:
+            both = paired.sharded_state_dicts(model, optimizers[pairs[index]])
             state[sharded_model_dir(index)], state[sharded_optimizer_dir(pairs[index])] = both
         else:
-            state[sharded_model_dir(index)] = engine.model_state_dict(model, full=False)
+            state[sharded_model_dir(index)] = strategy.model_state_dict(model, full=False)
     for index, optimizer in optimizers.items():
         if index not in pairs.values():
-            state[sharded_optimizer_dir(index)] = engine.optimizer_state_dict(
+            state[sharded_optimizer_dir(index)] = strategy.optimizer_state_dict(
                 owners[index], optimizer, full=False
             )
     return state, owners, pairs
 
 
 def _set_states(
-    engine: Any,
+    strategy: StateDicts,
+    paired: ShardedStateDicts | None,
     state: dict[str, dict[str, Any]],
     models: dict[int, Any],
     optimizers: dict[int, Any],
@@ -128,17 +129,17 @@ def _set_states(
     """Load what `_get_states` gave (and DCP filled) into the models and optimizers."""
     for index, model in models.items():
         part = state[sharded_model_dir(index)]
-        if index in pairs:
-            paired = pairs[index]
-            engine.load_sharded_state_dicts(
-                model, optimizers[paired], part, state[sharded_optimizer_dir(paired)]
+        if paired is not None and index in pairs:
+            mate = pairs[index]
+            paired.load_sharded_state_dicts(
+                model, optimizers[mate], part, state[sharded_optimizer_dir(mate)]
             )
         else:
-            engine.load_model_state_dict(model, part, full=False)
+            strategy.load_model_state_dict(model, part, full=False)
     for index, optimizer in optimizers.items():
         if index not in pairs.values():
             loaded = state[sharded_optimizer_dir(index)]
-            engine.load_optimizer_state_dict(owners[index], optimizer, loaded, full=False)
+            strategy.load_optimizer_state_dict(owners[index], optimizer, loaded, full=False)
 
 
 @dataclass
@@ -166,23 +167,25 @@ class StagedParts:
 
 
 def stage_sharded(
-    contents: Any, copy: Callable[[Any], Any], deferred: Snapshot | None
+    strategy: ShardedStateDicts,
+    prepared: Sequence[Any],
+    optimizers: Sequence[Any],
+    copy: Callable[[Any], Any],
+    deferred: Snapshot | None,
 ) -> StagedParts:
     """Every model's and optimizer's sharded state dict, staged for a (background) DCP write.
 
-    ``contents`` is the save's `CheckpointContents` (its engine, prepared models, optimizers).
     ``copy`` copies to host memory (identity for a synchronous save); with ``deferred`` (an
     asynchronous save) model shards are copied to host memory now; optimizer states on
     the CPU are copied on the writer thread (their next ``step()`` waits for it), except their
     ``param_groups``, which a scheduler may change before that step.
     """
-    optimizers = contents.optimizers
-    parts = sharded_state_dicts(contents.engine, contents.prepared_models, optimizers)
+    parts = sharded_state_dicts(strategy, prepared, optimizers, paired=strategy)
     staged = StagedParts(list(parts), {}, {})
     for index, optimizer in enumerate(optimizers):
         name = sharded_optimizer_dir(index)
         state = parts[name]
-        if deferred is not None and _on_cpu(state) and set(state) == {"state", "param_groups"}:
+        if deferred is not None and on_cpu(state) and set(state) == {"state", "param_groups"}:
             deferred.defer(
                 name,
                 {"state": parts.pop(name)["state"]},
@@ -191,12 +194,6 @@ def stage_sharded(
             staged.deferred[name] = copy(state["param_groups"])
     staged.copies = {name: copy(state) for name, state in parts.items()}
     return staged
-
-
-def _on_cpu(state: Any) -> bool:
-    found: list[bool] = []
-    recursively_apply(lambda t: found.append(t.device.type == "cpu"), state)
-    return all(found)
 
 
 def make_part_folders(staging: Path, parts: Sequence[str]) -> None:
@@ -303,7 +300,8 @@ def _load_error(exc: BaseException, folder: Path, parts: list[str]) -> BaseExcep
 
 def load_sharded_parts(
     folder: Path,
-    engine: Any,
+    strategy: StateDicts,
+    paired: ShardedStateDicts | None,
     models: dict[int, Any],
     optimizers: dict[int, Any],
     prepared: Sequence[Any],
@@ -312,6 +310,7 @@ def load_sharded_parts(
     """Read the DCP folders of ``models`` and ``optimizers`` (by index) in one DCP load.
 
     Works on any number of processes; with a manifest every file read is verified first.
+    ``paired``: the strategy, when it reads a model and its one optimizer in one pass.
 
     Raises:
         CorruptCheckpointError: a part's file is damaged or its ``.metadata`` is not listed.
@@ -321,7 +320,7 @@ def load_sharded_parts(
     from hasten.checkpointing.storage.dcp_safe import SafeLoadPlanner
     from hasten.checkpointing.storage.dcp_storage import PartedReader
 
-    state, owners, pairs = _get_states(engine, models, optimizers, prepared)
+    state, owners, pairs = _get_states(strategy, paired, models, optimizers, prepared)
     parts = list(state)
     distributed = _distributed()
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -345,4 +344,4 @@ def load_sharded_parts(
             raise _load_error(exc, folder, parts) from exc
     finally:
         reader.close()
-    _set_states(engine, state, models, optimizers, owners, pairs)
+    _set_states(strategy, paired, state, models, optimizers, owners, pairs)
