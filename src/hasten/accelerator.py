@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
