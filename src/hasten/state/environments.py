@@ -15,7 +15,6 @@ import re
 from collections.abc import Mapping
 
 from hasten.config import envvars
-from hasten.core.hostlist import first_host
 
 __all__ = [
     "MPI_FAMILIES",
@@ -170,7 +169,11 @@ def ranks_from_slurm(env: Mapping[str, str]) -> RankInfo | None:
         or envvars.setting("SLURM_JOB_NODELIST", env)
         or envvars.setting("SLURM_NODELIST", env)
     )
-    master = envvars.setting("MASTER_ADDR", env) or (first_host(nodelist) if nodelist else None)
+    master = envvars.setting("MASTER_ADDR", env)
+    if master is None and nodelist:
+        from hasten.core.hostlist import first_host  # only srun tasks parse a node list
+
+        master = first_host(nodelist)
     return RankInfo(
         source="slurm",
         rank=rank,
