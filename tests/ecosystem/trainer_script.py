@@ -85,6 +85,10 @@ def run(argv: list[str]) -> dict[str, Any] | None:
     from transformers import Trainer, TrainingArguments
 
     args = _parser().parse_args(argv)
+    # Built before TrainingArguments: with a ZeRO-3 config those make transformers construct
+    # models under deepspeed.zero.Init, whose partitioned embedding its weight init cannot index.
+    build = tiny.classifier if args.task == "classifier" else tiny.causal_lm
+    model = build(attn_implementation="sdpa") if args.sp_size > 1 else build()
     parallelism = None
     if args.sp_size > 1:  # DeepSpeed's Ulysses sequence parallelism
         from accelerate.parallelism_config import ParallelismConfig
@@ -116,8 +120,6 @@ def run(argv: list[str]) -> dict[str, Any] | None:
         parallelism_config=parallelism,
         disable_tqdm=True,
     )
-    build = tiny.classifier if args.task == "classifier" else tiny.causal_lm
-    model = build(attn_implementation="sdpa") if args.sp_size > 1 else build()
     seen: list[int] = []  # the sequence length each forward of this process receives
     model.register_forward_pre_hook(
         lambda module, a, kw: seen.append(int(kw["input_ids"].shape[1])), with_kwargs=True
