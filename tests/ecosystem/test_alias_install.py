@@ -2,16 +2,20 @@
 
 `make install` runs ``hasten accelerate install`` and then installs trl, peft, diffusers and
 datasets (the ``ecosystem`` extra): pip must keep the alias for them, ``pip check`` must be clean
-and Accelerate's console scripts must run hasten. The round trip through pip (uninstall, a real
-Accelerate installed over it, the refusal and ``--replace``) changes the environment for a moment
-and is marked ``ecosystem``.
+and Accelerate's console scripts must run hasten. pip's resolver, asked offline with stand-in
+wheels (``--dry-run``), keeps the alias for such libraries and replaces it only with a newer
+Accelerate. The round trip through pip (uninstall, a real Accelerate installed over it, the
+refusal and ``--replace``) changes the environment for a moment and is marked ``ecosystem``.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -52,6 +56,62 @@ def _installed(name: str) -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
+
+
+def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
+    """Write a minimal wheel of ``name`` (one empty module) requiring ``requires``."""
+    stem = f"{name.replace('-', '_')}-{version}"  # a wheel's file name spells - as _
+    info = f"{stem}.dist-info"
+    metadata = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}"]
+    metadata += [f"Requires-Dist: {r}" for r in requires]
+    files = {
+        f"{name.replace('-', '_')}_stand_in.py": "",
+        f"{info}/METADATA": "\n".join(metadata) + "\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/RECORD": "",
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"{stem}-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+
+
+def _pip_would_install(*args: str) -> list[tuple[str, str]]:
+    """What ``pip install ARGS`` would install here, offline (``--dry-run``: nothing changes)."""
+    # No pip configuration (this machine's adds find-links and indexes): only ARGS count.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "-q"]
+    done = subprocess.run(
+        [*command, "--report", "-", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, f"pip install {args} failed:\n{done.stderr[-3000:]}"
+    report = json.loads(done.stdout)
+    return sorted((i["metadata"]["name"], i["metadata"]["version"]) for i in report["install"])
+
+
+def test_pip_keeps_the_alias_for_libraries_and_replaces_it_only_for_a_newer_accelerate(
+    tmp_path: Path,
+) -> None:
+    # Offline stand-ins from local wheels: a library like trl or peft (accelerate>=1.1), the
+    # Hugging Face Accelerate release the alias stands for, and a newer one with a library
+    # that needs it. docs/accelerate-compat.md ("What pip does with it afterwards") says this.
+    require_alias()
+    index, newer = tmp_path / "index", tmp_path / "newer"
+    _wheel(index, "needs-accelerate", "1.0", ["accelerate>=1.1"])
+    _wheel(index, "accelerate", "1.15.0", [])
+    _wheel(newer, "accelerate", "1.16.0", [])
+    _wheel(newer, "needs-newer-accelerate", "1.0", ["accelerate>=1.16"])
+    kept = _pip_would_install(
+        "--find-links", str(index), "--upgrade", "--upgrade-strategy", "eager",
+        "needs-accelerate", "accelerate",
+    )  # fmt: skip
+    assert kept == [("needs-accelerate", "1.0")]  # the alias satisfies it and stays
+    assert _pip_would_install("--find-links", str(index), "accelerate==1.15.0") == []
+    replaced = _pip_would_install(
+        "--find-links", str(index), "--find-links", str(newer), "needs-newer-accelerate"
+    )
+    assert replaced == [("accelerate", "1.16.0"), ("needs-newer-accelerate", "1.0")]
 
 
 def test_accelerates_console_scripts_run_hasten() -> None:
