@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import sys
 from typing import Any
 
@@ -134,9 +135,14 @@ def run(argv: list[str]) -> dict[str, Any] | None:
     resumed_args = None
     saved_args = f"{args.resume}/training_args.bin" if args.resume else None
     if saved_args and os.path.exists(saved_args):
-        # The checkpoint's training_args.bin, written by another process, reads back here.
-        saved = torch.load(saved_args, weights_only=False)
-        resumed_args = type(saved.distributed_state).__module__
+        # The checkpoint's training_args.bin, written by another process, reads back here. One
+        # hasten cannot read is reported; the resume below does not read the file.
+        try:
+            saved = torch.load(saved_args, weights_only=False)
+        except pickle.UnpicklingError as err:
+            resumed_args = f"unreadable: {err}"
+        else:
+            resumed_args = type(saved.distributed_state).__module__
     trainer.train(resume_from_checkpoint=args.resume)
     held = _holdings(trainer)
     held["train_seq_lengths"] = sorted(set(seen))

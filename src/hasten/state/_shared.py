@@ -117,8 +117,9 @@ def unreadable_state(class_name: str, why: str) -> pickle.UnpicklingError:
         f"Cannot read a pickled {class_name} (for example the distributed_state inside a "
         f"checkpoint's training_args.bin): {why}. It was written by a version of hasten or "
         "Accelerate whose state this version cannot read. The file only records how that run "
-        "was set up: build the TrainingArguments (or state) again instead of loading it, or "
-        "load it with the version that wrote it."
+        "was set up (Trainer's resume_from_checkpoint does not read it): build the "
+        "TrainingArguments (or state) again instead of loading it, or load it with the version "
+        "that wrote it."
     )
 
 
