@@ -224,3 +224,19 @@ def test_status_and_env_say_which_accelerate_is_active(installed: Any) -> None:
     assert "- accelerate: Hugging Face Accelerate 1.15.0" in format_report(collect_report())
     installed(None)
     assert distribution.status_lines()[0].startswith("accelerate: not installed.")
+
+
+def test_status_names_a_package_that_needs_a_newer_accelerate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Installed after the alias without pip replacing it (e.g. `pip install --no-deps`).
+    _fake_distribution(tmp_path, "needs_new", "2.0", ["accelerate>=1.16"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(distribution, "installed_accelerate", lambda: OURS)
+    lines = distribution.status_lines()
+    assert "needs a newer Accelerate than the 1.15.0 hasten implements:" in lines
+    assert "  needs_new 2.0 requires accelerate>=1.16" in lines
+    monkeypatch.setattr(distribution, "installed_accelerate", lambda: None)
+    before = distribution.status_lines()
+    assert before[2].endswith("(the alias cannot be installed while they are):")
+    assert "  needs_new 2.0 requires accelerate>=1.16" in before
