@@ -192,6 +192,64 @@ def test_sharded_checkpoint_into_unshared_folders_is_refused_before_writing(
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # nothing written
 
 
+def _sharded_saves_checked_once(root: str) -> dict[str, Any]:
+    from hasten import Accelerator
+    from hasten.checkpointing.storage.agreement import FolderNotSharedError
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.state import PartialState
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    barriers = []
+    state = PartialState()
+    real_wait = type(state).wait_for_everyone
+
+    def counted(self: Any) -> None:
+        barriers.append(1)
+        real_wait(self)
+
+    type(state).wait_for_everyone = counted  # type: ignore[method-assign]
+    counts = {}
+    for name in ("a/ckpt_1", "a/ckpt_2", "b/ckpt_1"):  # a checked once; b, a new parent, checked
+        before = len(barriers)
+        accelerator.save_state(str(Path(root) / name))
+        counts[name] = len(barriers) - before
+    # each parent was checked (by different saves): a and b mixed are not known to be one folder
+    mixed = str(Path(root) / ("a" if accelerator.process_index == 0 else "b") / "ckpt_3")
+    try:
+        accelerator.save_state(mixed)
+        refused = "saved"
+    except FolderNotSharedError as err:
+        refused = str(err)
+    # the same name in a checked parent on every process, but different names: not one folder
+    odd = str(Path(root) / "a" / f"ckpt_odd{accelerator.process_index}")
+    try:
+        accelerator.save_state(odd)
+        named = "saved"
+    except FolderNotSharedError as err:
+        named = str(err)
+    return {"barriers": counts, "mixed": refused, "named": named}
+
+
+@pytest.mark.timeout(120)
+def test_a_shared_parent_folder_is_checked_once_and_mixed_folders_still_refused(
+    tmp_path: Path,
+) -> None:
+    results = run_distributed(_sharded_saves_checked_once, str(tmp_path), timeout=90)
+    for result in results:
+        counts = result["barriers"]
+        assert counts["a/ckpt_2"] < counts["a/ckpt_1"]  # the check's barrier is skipped
+        assert counts["b/ckpt_1"] == counts["a/ckpt_1"]
+        assert result["mixed"].startswith("A sharded checkpoint needs one folder")
+        assert result["named"].startswith("A sharded checkpoint needs one folder")
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["ckpt_1", "ckpt_2"]
+    assert not (tmp_path / "a" / "ckpt_3").exists() and not (tmp_path / "b" / "ckpt_3").exists()
+
+
 def _one_cannot_make_its_folder(root: str) -> tuple[str, float]:
     accelerator, model, optimizer, scheduler = _setup()
     folder = Path(_folder(root, accelerator.process_index))

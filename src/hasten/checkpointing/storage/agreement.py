@@ -32,6 +32,7 @@ import shutil
 import socket
 import uuid
 import weakref
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,12 +72,14 @@ class FolderNotSharedError(RuntimeError):
 
 
 # The session id of this process group's saves and how many saves it has begun: every process
-# counts the same saves, so (session, count) names a save identically everywhere.
-_saves: dict[str, Any] = {"group": None, "session": "", "count": 0}
+# counts the same saves, so (session, count) names a save identically everywhere. "shared": the
+# parent folders (this process's path) that an earlier save of the group found shared by every
+# process, with that save's count, so the next save there needs no barrier and exchange.
+_saves: dict[str, Any] = {"group": None, "session": "", "count": 0, "shared": {}}
 
 
 def _forget_saves() -> None:
-    _saves.update(group=None, session="", count=0)
+    _saves.update(group=None, session="", count=0, shared={})
 
 
 register_reset_hook(_forget_saves)
@@ -114,6 +117,7 @@ def next_token() -> str:
         _saves["session"] = uuid.uuid4().hex[:8] if world is None else _session(world)
         _saves["group"] = weakref.ref(world) if world is not None else (lambda: None)
         _saves["count"] = 0
+        _saves["shared"] = {}
     _saves["count"] += 1
     return f"{_saves['session']}{_saves['count']}"
 
@@ -313,6 +317,8 @@ def require_one_folder(
         if error is not None:
             raise error
         return
+    if _checked_before(agreement, error):
+        return
     state.wait_for_everyone()  # every claim is in place
     folders = agreement.agree(current_comm(), [], [], error)
     failures = folders.failures()
@@ -322,6 +328,7 @@ def require_one_folder(
         shutil.rmtree(agreement.staging, ignore_errors=True)
         raise RuntimeError(f"{failures}. Nothing was written.")
     if folders.one_folder and all(r.claims == state.num_processes for r in folders.reports):
+        _saves["shared"][str(agreement.final.parent)] = _saves["count"]
         return
     shutil.rmtree(agreement.staging, ignore_errors=True)
     groups: dict[int, list[Report]] = {}
@@ -337,6 +344,29 @@ def require_one_folder(
         "on storage every machine mounts (NFS, a cluster file system) under the same path, or "
         "save full (gathered) state dicts instead, which need no shared folder: FSDP's "
         "state_dict_type='FULL_STATE_DICT'."
+    )
+
+
+def _checked_before(agreement: SaveAgreement, error: BaseException | None) -> bool:
+    """Whether an earlier save of this group found every process's parent folder shared by all,
+    and every process now saves under the same name there: one small reduction (a collective)
+    instead of a barrier and an exchange, so repeated sharded saves pay the check once.
+
+    Each process names the save that checked its parent (0: none); the answer is yes only when
+    every process names the same one, so parents checked by different saves never pass.
+    """
+    checked = int(_saves["shared"].get(str(agreement.final.parent), 0))
+    name = zlib.crc32(agreement.final.name.encode())
+    comm = current_comm()
+    facts = torch.tensor(
+        [checked, -checked, name, -name, int(error is not None)],
+        dtype=torch.int64,
+        device=comm.device,
+    )
+    comm.all_reduce(facts, "max", "save_state (is the folder known to be shared?)", facts)
+    latest, negated_earliest, top_name, negated_low_name, failed = facts.tolist()
+    return (
+        failed == 0 and latest > 0 and latest == -negated_earliest and top_name == -negated_low_name
     )
 
 
