@@ -10,6 +10,7 @@ import torch
 
 from _support.distributed import run_distributed
 from hasten.checkpointing.sharded import load_sharded_state
+from hasten.checkpointing.storage.manifest import MANIFEST_NAME
 
 pytestmark = pytest.mark.distributed
 
@@ -50,7 +51,8 @@ def _save_sharded(folder: str) -> dict[str, Any]:
 def test_two_processes_save_one_loads(tmp_path: Path) -> None:
     results = run_distributed(_save_sharded, str(tmp_path), world_size=2, timeout=60)
     assert results[0]["local_rows"] == results[1]["local_rows"] == 4
-    assert results[0]["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    # DCP's files, and the manifest listing them (written last, by the main process)
+    assert results[0]["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp", MANIFEST_NAME]
     assert results[0]["full"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sharded"]  # no staging left
     # One process, full tensors: DCP reassembles the two halves.

@@ -250,6 +250,48 @@ def test_a_shared_parent_folder_is_checked_once_and_mixed_folders_still_refused(
     assert not (tmp_path / "a" / "ckpt_3").exists() and not (tmp_path / "b" / "ckpt_3").exists()
 
 
+def _standalone_sharded_into_own_folders(root: str) -> list[str]:
+    from hasten import Accelerator
+    from hasten.checkpointing.sharded import save_sharded_state
+    from hasten.checkpointing.storage.agreement import FolderNotSharedError
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.utils.fsdp_utils import save_fsdp_model, save_fsdp_optimizer
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
+    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    folder = _folder(root, accelerator.process_index)
+    saves = [
+        lambda: save_sharded_state({"w": torch.ones(2)}, folder),
+        lambda: save_fsdp_model(plugin, accelerator, model, folder),
+        lambda: save_fsdp_optimizer(plugin, accelerator, optimizer, model, folder),
+    ]
+    messages = []
+    for save in saves:  # each refused on both processes, which stay in step for the next
+        try:
+            save()
+            messages.append("saved")
+        except FolderNotSharedError as err:
+            messages.append(str(err))
+    return messages
+
+
+@pytest.mark.timeout(120)
+def test_standalone_sharded_saves_into_unshared_folders_are_refused_not_hung(
+    tmp_path: Path,
+) -> None:
+    results = run_distributed(_standalone_sharded_into_own_folders, str(tmp_path), timeout=90)
+    for messages in results:
+        assert len(messages) == 3
+        for message in messages:
+            assert message.startswith("A sharded checkpoint needs one folder that every process")
+            assert "processes 0" in message and "processes 1" in message
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # nothing written
+
+
 def _one_cannot_make_its_folder(root: str) -> tuple[str, float]:
     accelerator, model, optimizer, scheduler = _setup()
     folder = Path(_folder(root, accelerator.process_index))

@@ -270,7 +270,7 @@ def _killed_during_save(folder: str) -> None:
     import os
     import signal
 
-    import hasten.checkpointing.layouts.parts as sharded_state
+    import hasten.checkpointing.storage.dcp as sharded_state
 
     accelerator = _accelerator("fsdp2")
     model = TinyTransformer()
@@ -299,7 +299,7 @@ def test_kill_9_during_a_sharded_save_leaves_nothing_loadable(tmp_path: Path) ->
     assert paths.newest_complete_checkpoint(tmp_path) is None
 
 
-def _helpers(folder: str, use_dcp: bool) -> bool:
+def _helpers(folder: str, use_dcp: bool) -> dict[str, Any]:
     from hasten.checkpointing.fsdp_utils import (
         load_fsdp_model,
         load_fsdp_optimizer,
@@ -325,17 +325,40 @@ def _helpers(folder: str, use_dcp: bool) -> bool:
     load_fsdp_model(plugin, accelerator, model, folder, use_dcp=use_dcp)
     load_fsdp_optimizer(plugin, accelerator, optimizer, model, folder, use_dcp=use_dcp)
     after = accelerator.get_state_dict(model)
-    return all(torch.equal(after[k], v) for k, v in before.items())
+    same = all(torch.equal(after[k], v) for k, v in before.items())
+    if not use_dcp:
+        return {"same": same}
+    # a sharded folder is verified against its manifest: process 1's damaged shard is refused
+    # on both processes, before any tensor is filled
+    from hasten.checkpointing.storage.manifest import CorruptCheckpointError
+
+    if accelerator.is_main_process:
+        shard = Path(folder) / "pytorch_model_fsdp_0" / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    accelerator.wait_for_everyone()
+    try:
+        load_fsdp_model(plugin, accelerator, model, folder)
+        refused = "loaded"
+    except CorruptCheckpointError as exc:
+        refused = str(exc)
+    return {"same": same, "refused": refused}
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("use_dcp", [True, False])
 def test_save_and_load_fsdp_model_helpers(tmp_path: Path, use_dcp: bool) -> None:
     result = run_distributed(_helpers, str(tmp_path), use_dcp, world_size=2, timeout=60)
-    assert result == [True, True]
+    assert [r["same"] for r in result] == [True, True]
     if use_dcp:
-        assert (tmp_path / "pytorch_model_fsdp_0" / ".metadata").is_file()
-        assert (tmp_path / "optimizer_0" / ".metadata").is_file()
+        from hasten.checkpointing.storage.manifest import MANIFEST_NAME
+
+        for part in ("pytorch_model_fsdp_0", "optimizer_0"):  # published whole, with a manifest
+            assert (tmp_path / part / ".metadata").is_file()
+            assert (tmp_path / part / MANIFEST_NAME).is_file()
+        assert all("__1_0.distcp is corrupted: block" in r["refused"] for r in result), result
+        assert list(tmp_path.glob(".*")) == []  # no staging folder left
     else:
         assert sorted(p.name for p in tmp_path.iterdir()) == [
             "optimizer.bin",

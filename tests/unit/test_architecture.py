@@ -187,3 +187,93 @@ def test_optimizers_are_unwrapped_in_one_place(path: Path) -> None:
         return
     hits = re.findall(r'getattr\((\w+), "optimizer", \1\)', path.read_text(encoding="utf-8"))
     assert not hits, f"{rel}: use hasten.optimizer.unwrap_optimizer instead of getattr"
+
+
+#: torch.distributed.checkpoint's entry points that write or read a checkpoint; only the one DCP
+#: module of hasten calls them, so every DCP write is staged, hashed, listed in a manifest and
+#: published by one rename, and every read is verified and refuses what could run code.
+DCP_MODULE = "checkpointing/storage/dcp.py"
+_DCP = "torch.distributed.checkpoint"
+DCP_ENTRY_POINTS = {f"{_DCP}.{name}" for name in ("save", "load", "async_save")} | {
+    f"{_DCP}.{name}" for name in ("save_state_dict", "load_state_dict")
+}
+DCP_ENTRY_MODULES = (f"{_DCP}.state_dict_saver", f"{_DCP}.state_dict_loader")
+
+
+def _is_dcp_entry(name: str) -> bool:
+    return name in DCP_ENTRY_POINTS or any(
+        name == module or name.startswith(f"{module}.") for module in DCP_ENTRY_MODULES
+    )
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def dcp_entry_uses(source: str) -> list[tuple[int, str]]:
+    """(line, torch name) of every import or reference of a DCP save/load entry point."""
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}  # local name -> the module or object it stands for
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname is not None:
+                    aliases[alias.asname] = alias.name
+                if _is_dcp_entry(alias.name):
+                    found.append((node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                aliases[alias.asname or alias.name] = full
+                if _is_dcp_entry(full):
+                    found.append((node.lineno, full))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not isinstance(
+            getattr(node, "ctx", None), ast.Store
+        ):
+            dotted = _dotted(node)
+            if dotted is None:
+                continue
+            head, _, rest = dotted.partition(".")
+            full = f"{aliases.get(head, head)}.{rest}" if rest else aliases.get(head, head)
+            if _is_dcp_entry(full):
+                found.append((node.lineno, full))
+    return sorted(set(found))
+
+
+def test_the_dcp_rule_sees_each_way_of_reaching_dcp() -> None:
+    cases = {
+        "import torch.distributed.checkpoint as dcp\ndcp.save(s, checkpoint_id=p)\n": 1,
+        "import torch\ntorch.distributed.checkpoint.load(s, checkpoint_id=p)\n": 1,
+        "from torch.distributed.checkpoint import async_save\n": 1,
+        "from torch.distributed import checkpoint\nf = checkpoint.load\n": 1,
+        "from torch.distributed.checkpoint import state_dict_saver as s\ns.save(x)\n": 2,
+        "import torch.distributed.checkpoint as dcp\ndcp.FileSystemReader(p)\n": 0,
+        "from torch.distributed.checkpoint.state_dict import get_model_state_dict\n": 0,
+    }
+    for source, count in cases.items():
+        assert len(dcp_entry_uses(source)) == count, source
+
+
+def test_only_the_dcp_module_saves_and_loads_through_dcp() -> None:
+    misplaced = [
+        f"{_rel(path)}:{line}: {name}"
+        for path in MODULES
+        if _rel(path) != DCP_MODULE
+        for line, name in dcp_entry_uses(path.read_text(encoding="utf-8"))
+    ]
+    assert not misplaced, (
+        f"save and load DCP checkpoints through hasten.checkpointing.storage.dcp ({DCP_MODULE}: "
+        "write_parts/read_parts for save_state's parts, save_folder/load_folder for a folder of "
+        "its own), which writes crash-safely with a manifest and reads verified and restricted:\n"
+        + "\n".join(misplaced)
+    )
+    assert dcp_entry_uses((SRC / DCP_MODULE).read_text(encoding="utf-8")), "the rule sees nothing"

@@ -200,16 +200,18 @@ def _adapter_refused(adapter_only: bool, model: Any) -> None:
 
 
 def _dcp_save(state: dict[str, Any], folder: Path) -> None:
-    import torch.distributed.checkpoint as dcp
+    """One DCP folder, crash-safe and listed in its manifest (every process calls it)."""
+    from hasten.checkpointing.storage.dcp import save_folder
 
-    dcp.save(state, checkpoint_id=folder)
+    save_folder(state, folder)
 
 
 def _dcp_load(state: dict[str, Any], folder: Path) -> None:
-    """``dcp.load`` through hasten's safe reader (DCP's own unpickles anything: see dcp_safe)."""
-    from hasten.checkpointing.storage.dcp_safe import safe_load
+    """Fill ``state`` from a DCP folder, verified against its manifest when it has one (DCP's
+    own reader unpickles anything: see dcp_safe)."""
+    from hasten.checkpointing.storage.dcp import load_folder
 
-    safe_load(state, folder)
+    load_folder(state, folder)
 
 
 def save_fsdp_model(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +47,18 @@ def load_merged_state_dict(checkpoint_dir: str | os.PathLike[str]) -> dict[str, 
             "missing). Pass the folder holding the .distcp files and .metadata, e.g. "
             "checkpoints/checkpoint_0/pytorch_model_fsdp_0."
         )
-    import torch.distributed.checkpoint as dcp  # deferred: loads the DCP machinery
+    # deferred: these load the DCP machinery
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from hasten.checkpointing.storage.dcp_safe import SafeFileSystemReader, safe_load
+    from hasten.checkpointing.storage.dcp import load_folder
+    from hasten.checkpointing.storage.dcp_safe import SafeFileSystemReader
 
     metadata = SafeFileSystemReader(folder).read_metadata()
     state: dict[str, Any] = {}
     for key, item in metadata.state_dict_metadata.items():
-        if isinstance(item, dcp.metadata.TensorStorageMetadata):
+        if isinstance(item, TensorStorageMetadata):
             state[key] = torch.empty(item.size, dtype=item.properties.dtype)
-    with warnings.catch_warnings():  # one process, no group: DCP warns about that
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        safe_load(state, folder, no_dist=True)
+    load_folder(state, folder, no_dist=True)  # verified against its manifest, if it has one
     paths = dict(getattr(metadata, "planner_data", None) or {})
     return _strip_single_root(state, paths)
 

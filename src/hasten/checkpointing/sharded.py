@@ -6,24 +6,20 @@ writes only the shards it owns (``__<rank>_0.distcp``) and the coordinator write
 so a checkpoint saved by N processes loads on M processes (or on one, into full tensors):
 DCP reshards while reading.
 
-As with `save_accelerator_state`, the files go into a hidden staging folder that is renamed
-into place only after every process has finished, so a crash never leaves a folder that looks
-complete; `is_sharded_checkpoint` recognises a finished one.
+The folder is written as save_state's are (`hasten.checkpointing.storage.dcp.save_folder`):
+into a hidden staging folder, every file hashed while written and listed in the folder's
+manifest, then renamed into place once every process has finished, so a crash never leaves a
+folder that looks complete; `is_sharded_checkpoint` recognises a finished one, and a load
+verifies every file it reads.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-
-from hasten.checkpointing.storage import paths
-from hasten.state import PartialState
 
 __all__ = [
     "SHARDED_METADATA",
@@ -34,10 +30,6 @@ __all__ = [
 ]
 
 SHARDED_METADATA = ".metadata"  # written by DCP's coordinator once every part is on disk
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and PartialState().num_processes > 1
 
 
 def is_sharded_checkpoint(folder: str | os.PathLike[str]) -> bool:
@@ -51,35 +43,18 @@ def save_sharded_state(
     """Write ``state_dict`` as a sharded checkpoint; every process calls it together.
 
     Tensors may be plain (replicated: written once), ``DTensor`` or sharded tensors (each
-    process writes the shards it holds). Nested dicts (e.g. optimizer states) are fine.
+    process writes the shards it holds). Nested dicts (e.g. optimizer states) are fine. Every
+    process must see the same folder.
 
     Returns:
         The final folder, published once every process has written its part.
-    """
-    state = PartialState()
-    final = Path(output_dir).absolute()
-    staging = paths.staging_path(final)
-    distributed = _distributed()
-    if state.is_main_process:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-    state.wait_for_everyone()
-    import torch.distributed.checkpoint as dcp
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(
-            state_dict,
-            checkpoint_id=staging,
-            process_group=process_group,
-            no_dist=not distributed,
-        )
-    state.wait_for_everyone()  # every part and the metadata are on disk
-    if state.is_main_process:
-        paths.publish(staging, final)
-    state.wait_for_everyone()
-    return final
+    Raises:
+        FolderNotSharedError: the processes do not all see ``output_dir`` (nothing is written).
+    """
+    from hasten.checkpointing.storage.dcp import save_folder
+
+    return save_folder(state_dict, output_dir, process_group=process_group)
 
 
 def load_sharded_state(
@@ -88,9 +63,12 @@ def load_sharded_state(
     """Fill ``state_dict`` (tensors of the wanted shapes and layouts) from a sharded checkpoint.
 
     Each process reads only the pieces its tensors need, whatever number of processes saved.
+    The files are verified against the folder's manifest (a DCP folder another tool wrote,
+    without one, is read through the restricted readers alone).
 
     Raises:
         FileNotFoundError: ``input_dir`` is not a complete sharded checkpoint.
+        CorruptCheckpointError: a file it reads is damaged, missing or not listed.
     """
     folder = Path(input_dir)
     if not is_sharded_checkpoint(folder):
@@ -98,12 +76,9 @@ def load_sharded_state(
             f"No complete sharded checkpoint at {folder} ({SHARDED_METADATA} is missing). Pass "
             "the folder that save_sharded_state returned."
         )
-    from hasten.checkpointing.storage.dcp_safe import safe_load
+    from hasten.checkpointing.storage.dcp import load_folder
 
-    with warnings.catch_warnings():  # DCP warns that one process means no process group
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        safe_load(state_dict, folder, process_group=process_group, no_dist=not _distributed())
-    return state_dict
+    return load_folder(state_dict, folder, process_group=process_group)
 
 
 def full_tensor(value: Any) -> torch.Tensor:

@@ -4,9 +4,10 @@ With the sharded layout (`hasten.checkpointing.layouts.sharded`), each model's a
 sharded state dict (``strategy.model_state_dict(full=False)``: DTensor shards keyed by parameter
 name) goes into its own DCP folder inside the checkpoint's staging folder -- Accelerate's names,
 ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` -- with every process writing its
-```__<rank>_*.distcp`` files in parallel. One DCP call writes (and one reads) every part, through
-`hasten.checkpointing.storage.dcp_storage`: files are hashed while written, so they join the manifest
-like every other file without a second pass, and verified while read. The folder is still
+``__<rank>_*.distcp`` files in parallel. One DCP call writes (and one reads) every part, through
+`hasten.checkpointing.storage.dcp` (the one module that calls DCP): files are hashed while
+written, so they join the manifest like every other file without a second pass, and verified
+while read. The folder is still
 published atomically, a crash leaves only the staging folder, and a missing or damaged part is
 refused on load before any tensor is filled.
 
@@ -17,23 +18,21 @@ processes loads on M (a single process loads it into a plain model).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from hasten.checkpointing.layouts.base import on_cpu
-from hasten.checkpointing.storage.io import UnsafeCheckpointError
-from hasten.checkpointing.storage.manifest import CorruptCheckpointError, FileRecord
 from hasten.checkpointing.storage.paths import sharded_model_dir, sharded_optimizer_dir
 from hasten.checkpointing.storage.writer import SavePlan, Snapshot, write_jobs
 from hasten.optimizer import unwrap_optimizer
-from hasten.state import PartialState
 from hasten.strategies.checkpoints import ShardedStateDicts, StateDicts
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 __all__ = [
     "StagedParts",
@@ -42,12 +41,7 @@ __all__ = [
     "optimizer_owner",
     "sharded_state_dicts",
     "stage_sharded",
-    "write_sharded_parts",
 ]
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and PartialState().num_processes > 1
 
 
 def optimizer_owner(optimizer: Any, models: Sequence[torch.nn.Module]) -> torch.nn.Module:
@@ -158,8 +152,10 @@ class StagedParts:
         for name, groups in self.deferred.items():
             assert snapshot is not None
             parts[name] = {**snapshot.copied(name), "param_groups": groups}
+        from hasten.checkpointing.storage.dcp import write_parts
+
         # the other files (RNG, schedulers, loaders) are written while DCP writes the shards
-        mine, everyone = write_sharded_parts(
+        mine, everyone = write_parts(
             plan.staging, parts, group=group, also=lambda: write_jobs(plan)
         )
         plan.prewritten = everyone if plan.rank == 0 else mine
@@ -202,58 +198,6 @@ def make_part_folders(staging: Path, parts: Sequence[str]) -> None:
         (staging / part).mkdir(exist_ok=True)
 
 
-def write_sharded_parts(
-    staging: Path,
-    parts: dict[str, dict[str, Any]],
-    *,
-    group: Any = None,
-    also: Callable[[], list[FileRecord]] | None = None,
-) -> tuple[list[FileRecord], list[FileRecord]]:
-    """Write every part with one DCP save; every process calls it, after `make_part_folders`.
-
-    ``group`` is the process group DCP coordinates over (None: the default one; a background
-    save passes its own, so its collectives never interleave with the training loop's).
-    ``also`` writes this process's other files meanwhile and returns their records.
-
-    Returns:
-        The records (size, block checksums) of the files this process wrote, and on the main
-        process those of every process's files (empty elsewhere).
-    """
-    from hasten.checkpointing.storage.dcp_storage import PartedWriter
-
-    writer = PartedWriter(staging, list(parts), also=also)
-    try:
-        with warnings.catch_warnings():  # DCP warns that one process means no process group
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            _save(parts, storage_writer=writer, process_group=group, no_dist=not _distributed())
-    except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps every rank's
-        failures = [f[0] for f in getattr(exc, "failures", {}).values()]
-        if not failures or isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        first = failures[0]
-        if isinstance(first, Exception):
-            raise first from exc  # e.g. the OSError of a full disk, on every process
-        raise RuntimeError(f"The sharded save failed: {first!r}") from exc
-    return _written(writer)
-
-
-def _written(writer: Any) -> tuple[list[FileRecord], list[FileRecord]]:
-    """What ``writer`` wrote, once DCP has finished (every part and ``.metadata`` on disk)."""
-    return list(writer.records), list(writer.all_records)
-
-
-def _save(state_dict: dict[str, Any], **kwargs: Any) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save(state_dict, **kwargs)
-
-
-def _load(state_dict: dict[str, Any], **kwargs: Any) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    dcp.load(state_dict, **kwargs)
-
-
 def _part_label(part: str) -> str:
     """``"model 0"`` / ``"optimizer 1"`` for a part folder name."""
     kind = "optimizer" if part.startswith("optimizer_") else "model"
@@ -285,13 +229,8 @@ def _check_model(folder: Path, part: str, state: dict[str, Any], saved: dict[str
 
 
 def _load_error(exc: BaseException, folder: Path, parts: list[str]) -> BaseException:
-    """The error to raise for a failed DCP load: a damaged file, or a mismatch naming its part."""
+    """The error to raise for DCP's failure to fill the parts: a mismatch naming its part."""
     failures = [f[0] for f in getattr(exc, "failures", {}).values()] or [exc]
-    for failure in failures:
-        if isinstance(failure, CorruptCheckpointError):
-            return CorruptCheckpointError(str(failure))
-        if isinstance(failure, UnsafeCheckpointError):
-            return UnsafeCheckpointError(str(failure))
     text = str(failures[0]).strip()
     reason = text.splitlines()[-1] if text else type(failures[0]).__name__
     part = next((p for p in parts if f"{p}." in text), parts[0])
@@ -317,31 +256,23 @@ def load_sharded_parts(
         ValueError: the checkpoint holds another model (names the part and the first mismatch).
         UnsafeCheckpointError: an index or entry holds objects that could run code (see `dcp_safe`).
     """
-    from hasten.checkpointing.storage.dcp_safe import SafeLoadPlanner
-    from hasten.checkpointing.storage.dcp_storage import PartedReader
+    from hasten.checkpointing.storage.dcp import read_parts
 
     state, owners, pairs = _get_states(strategy, paired, models, optimizers, prepared)
     parts = list(state)
-    distributed = _distributed()
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    reader = PartedReader(folder, parts, manifest, rank=rank, world_size=world_size)
-    try:
-        for index in models:  # every process checks the same shapes: all refuse together
+
+    def check(
+        metadata: Metadata,
+    ) -> None:  # every process checks the same shapes: all refuse together
+        for index in models:
             part = sharded_model_dir(index)
-            _check_model(folder, part, state[part], reader.metadata.state_dict_metadata)
-        try:
-            with warnings.catch_warnings():  # DCP warns that one process means no group
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                _load(
-                    state,
-                    storage_reader=reader,
-                    planner=SafeLoadPlanner(),
-                    no_dist=not distributed,
-                )
-        except BaseException as exc:  # DCP's CheckpointException wraps every rank's error
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise _load_error(exc, folder, parts) from exc
-    finally:
-        reader.close()
+            _check_model(folder, part, state[part], metadata.state_dict_metadata)
+
+    read_parts(
+        folder,
+        state,
+        manifest,
+        check=check,
+        explain=lambda exc: _load_error(exc, folder, parts),
+    )
     _set_states(strategy, paired, state, models, optimizers, owners, pairs)

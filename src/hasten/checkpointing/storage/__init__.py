@@ -4,9 +4,10 @@ Atomic files and early writeback (`io`), block checksums and the manifest (`chec
 `manifest`), where files go and how a staging folder is published (`paths`), the writer
 (`writer`) and what the processes agree on over the process group (`agreement`), verified
 parallel reads (`reader`, `scatter`), safetensors and restricted unpicklers (`tensors`,
-`plain_pickle`), engine-written files (`engine_files`) and the DCP storage adapter
-(`dcp_storage`, `dcp_safe`). Nothing here knows about models, optimizers or strategies: the
-layouts above decide what goes into which file.
+`plain_pickle`), engine-written files (`engine_files`), the DCP storage adapter
+(`dcp_storage`, `dcp_safe`) and every DCP save and load, crash-safe and verified (`dcp`).
+Nothing here knows about models, optimizers or strategies: the layouts above decide what goes
+into which file.
 """
 
 from hasten.core.lazy import lazy_namespace

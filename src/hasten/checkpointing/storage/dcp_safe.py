@@ -11,8 +11,8 @@ read in hasten goes through here instead:
   tensors -- ``weights_only=True``'s guarantee, through the C unpickler, so faster than DCP's
   own ``weights_only=False`` load rather than slower. It also keeps DCP's pre-2.4 fallback
   away from indexes that carry a format version (see `SafeLoadPlanner.create_local_plan`);
-- `SafeFileSystemReader` is DCP's file-system reader with that index reader, and `safe_load`
-  is ``dcp.load`` with both;
+- `SafeFileSystemReader` is DCP's file-system reader with that index reader (the DCP calls
+  themselves are in `hasten.checkpointing.storage.dcp`);
 - `load_tensor_item` decodes a tensor entry held in memory (a mapped file) without copying its
   data, through the same restricted C unpickler; what it does not recognise goes to
   ``torch.load(weights_only=True)``, DCP's own decoder for tensor entries.
@@ -24,9 +24,7 @@ module only when a DCP checkpoint is read (it imports ``torch.distributed.checkp
 from __future__ import annotations
 
 import io
-import os
 import pickle
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,7 +46,6 @@ __all__ = [
     "SafeLoadPlanner",
     "load_metadata",
     "load_tensor_item",
-    "safe_load",
 ]
 
 _TRUST_HINT = (
@@ -191,25 +188,3 @@ class SafeFileSystemReader(FileSystemReader):
         if rank is None:
             self._index = metadata
         return metadata
-
-
-def safe_load(state_dict: dict[str, Any], folder: str | os.PathLike[str], **kwargs: Any) -> None:
-    """``dcp.load`` of ``folder`` into ``state_dict`` through `SafeFileSystemReader`/`SafeLoadPlanner`.
-
-    ``kwargs`` go to ``dcp.load`` (``process_group``, ``no_dist``).
-
-    Raises:
-        UnsafeCheckpointError: the index or an entry holds objects that could run code.
-    """
-    import torch.distributed.checkpoint as dcp
-
-    reader = SafeFileSystemReader(Path(folder))
-    reader.read_metadata()  # here, so a refusal is raised as itself (DCP folds it into a message)
-    try:
-        dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(), **kwargs)
-    except BaseException as exc:  # DCP's CheckpointException wraps every process's error
-        failures = [f[0] for f in getattr(exc, "failures", {}).values()]
-        refused = next((f for f in failures if isinstance(f, UnsafeCheckpointError)), None)
-        if refused is None:
-            raise
-        raise UnsafeCheckpointError(str(refused)) from exc

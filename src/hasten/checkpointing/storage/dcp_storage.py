@@ -34,7 +34,7 @@ import pickle
 import re
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,14 @@ from hasten.checkpointing.storage.manifest import CorruptCheckpointError, FileRe
 from hasten.checkpointing.storage.reader import map_verified
 from hasten.checkpointing.storage.threads import io_threads
 
-__all__ = ["METADATA_NAME", "PartedReader", "PartedWriter", "part_of", "read_part_metadata"]
+__all__ = [
+    "METADATA_NAME",
+    "PartedReader",
+    "PartedWriter",
+    "in_folder",
+    "part_of",
+    "read_part_metadata",
+]
 
 METADATA_NAME = ".metadata"  # DCP's name for a checkpoint's index
 _DCP_VERSION = "1.0.0"  # DCP's CURRENT_DCP_VERSION when the index format was last changed
@@ -67,6 +74,11 @@ def part_of(fqn: str) -> tuple[str, str]:
     """``(part, key)`` of a combined DCP key ``"<part>.<key>"``."""
     part, _, key = fqn.partition(".")
     return part, key
+
+
+def in_folder(folder: str, name: str) -> str:
+    """``name`` inside the relative ``folder`` ("" for the root itself)."""
+    return f"{folder}/{name}" if folder else name
 
 
 class _HashingStream(io.RawIOBase):
@@ -142,7 +154,8 @@ class PartedWriter(FileSystemWriter):
     ``also`` (optional) writes this process's other checkpoint files at the same time, on its
     own thread, returning their records. The coordinator also learns every process's records
     through DCP's exchange of write results: `all_records` (with each part's ``.metadata``).
-    The part folders must exist.
+    ``folders`` maps a part to its folder relative to ``root`` ("" for ``root`` itself, a lone
+    DCP checkpoint; by default the part's name). The part folders must exist.
     """
 
     def __init__(
@@ -151,10 +164,12 @@ class PartedWriter(FileSystemWriter):
         parts: Sequence[str],
         block_bytes: int | None = None,
         also: Callable[[], list[FileRecord]] | None = None,
+        folders: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(root, sync_files=True)
         self.root = root
         self.parts = list(parts)
+        self.folders = {part: (folders or {}).get(part, part) for part in self.parts}
         self._fs = _HashingFileSystem(root, block_bytes or checksum.BLOCK_BYTES)
         self.fs = self._fs
         self._also = also
@@ -172,7 +187,7 @@ class PartedWriter(FileSystemWriter):
         return plan
 
     def _part_writer(self, part: str) -> FileSystemWriter:
-        writer = FileSystemWriter(self.root / part, sync_files=self.sync_files)
+        writer = FileSystemWriter(self.root / self.folders[part], sync_files=self.sync_files)
         writer.fs = self._fs
         return writer
 
@@ -203,7 +218,10 @@ class PartedWriter(FileSystemWriter):
         """On the coordinator: one ``.metadata`` per part, keys without the part prefix."""
         gathered = [r for chunk in results for r in chunk if isinstance(r, _Records)]
         results = [[r for r in chunk if not isinstance(r, _Records)] for chunk in results]
-        parts = {part: _empty_metadata(self.root / part, self.save_id) for part in self.parts}
+        parts = {
+            part: _empty_metadata(self.root / self.folders[part], self.save_id)
+            for part in self.parts
+        }
         for fqn, item in metadata.state_dict_metadata.items():
             part, key = part_of(fqn)
             parts[part].state_dict_metadata[key] = item
@@ -221,12 +239,13 @@ class PartedWriter(FileSystemWriter):
     def _write_index(self, item: tuple[str, Metadata]) -> FileRecord:
         part, part_metadata = item
         data = pickle.dumps(part_metadata)
-        name = f"{part}/{METADATA_NAME}"
+        folder = self.folders[part]
+        name = in_folder(folder, METADATA_NAME)
         with open(self.root / name, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        fsync_directory(self.root / part)  # every process's file names in it are durable
+        fsync_directory(self.root / folder)  # every process's file names in it are durable
         digests = checksum.block_digests(data, self._fs.block_bytes)
         return FileRecord(name, len(data), tuple(digests))
 
@@ -242,13 +261,14 @@ def _empty_metadata(folder: Path, save_id: str) -> Metadata:
 
 
 def read_part_metadata(folder: Path, part: str, manifest: dict[str, Any] | None) -> Metadata:
-    """The ``.metadata`` of ``folder/part``, checked against the manifest when there is one.
+    """The ``.metadata`` of ``folder/part`` (``part`` "": ``folder`` itself), checked against
+    the manifest when there is one.
 
     Raises:
         CorruptCheckpointError: the manifest lists no ``.metadata`` for the part, or it is damaged.
         UnsafeCheckpointError: it holds objects beyond DCP's index types (see `dcp_safe`).
     """
-    name = f"{part}/{METADATA_NAME}"
+    name = in_folder(part, METADATA_NAME)
     path = folder / name
     if manifest is not None and name not in manifest["files"]:
         raise CorruptCheckpointError(
@@ -269,8 +289,8 @@ def _damaged(path: Path) -> CorruptCheckpointError:
     )
 
 
-def _merged(parts: dict[str, Metadata]) -> Metadata:
-    """One DCP index over every part, keys and file names prefixed by the part's folder."""
+def _merged(parts: dict[str, Metadata], folders: Mapping[str, str]) -> Metadata:
+    """One DCP index over every part, keys prefixed by the part, file names by its folder."""
     merged = Metadata(state_dict_metadata={}, planner_data={}, storage_data={})
     for part, metadata in parts.items():
         merged.storage_meta = merged.storage_meta or metadata.storage_meta
@@ -281,7 +301,7 @@ def _merged(parts: dict[str, Metadata]) -> Metadata:
             merged.planner_data[f"{part}.{key}"] = (part, *tuple(path))
         for index, info in (metadata.storage_data or {}).items():
             combined = MetadataIndex(f"{part}.{index.fqn}", index.offset, index.index)
-            where = f"{part}/{info.relative_path}"
+            where = in_folder(folders[part], info.relative_path)
             merged.storage_data[combined] = dataclasses.replace(info, relative_path=where)
     return merged
 
@@ -325,7 +345,8 @@ class PartedReader(SafeFileSystemReader):
     and checked on the I/O threads from construction on (while DCP plans), then served from
     the mapping. DCP's local planning step waits for the checks, so a damaged file fails the
     planning on that process, which DCP reports to every process before any tensor is filled.
-    ``rank`` and ``world_size`` are this process's among the processes loading.
+    ``rank`` and ``world_size`` are this process's among the processes loading; ``folders``
+    maps parts to folders as for `PartedWriter`.
     """
 
     def __init__(
@@ -336,23 +357,25 @@ class PartedReader(SafeFileSystemReader):
         *,
         rank: int = 0,
         world_size: int = 1,
+        folders: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(root)
         self.root = root
         self.parts = list(parts)
+        self.folders = {part: (folders or {}).get(part, part) for part in self.parts}
         self.manifest = manifest
         self._fs = _VerifiedFileSystem()
         self.fs = self._fs
         self._maps: list[mmap.mmap] = []
         self._names: list[str] = []
         self._checks: list[Any] = []
-        self._metadata = _merged({p: read_part_metadata(root, p, manifest) for p in self.parts})
+        indexes = {p: read_part_metadata(root, self.folders[p], manifest) for p in self.parts}
+        self._metadata = _merged(indexes, self.folders)
         if manifest is not None:
-            prefixes = tuple(f"{part}/" for part in self.parts)
+            prefixes = tuple(in_folder(folder, "") for folder in self.folders.values())
+            indexes_names = {in_folder(folder, METADATA_NAME) for folder in self.folders.values()}
             self._names = sorted(
-                n
-                for n in manifest["files"]
-                if n.startswith(prefixes) and not n.endswith(f"/{METADATA_NAME}")
+                n for n in manifest["files"] if n.startswith(prefixes) and n not in indexes_names
             )
             mine = [n for i, n in enumerate(self._names) if _owner(n, i, world_size) == rank]
             self._checks = [io_threads().submit(self._check, name) for name in mine]
