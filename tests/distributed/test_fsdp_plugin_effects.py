@@ -190,8 +190,8 @@ def _local_state_mismatches(folder: str) -> list[str]:
     """FSDP1 LOCAL_STATE_DICT files refused by a model wrapped otherwise or of other sizes."""
     from types import SimpleNamespace
 
-    from hasten.checkpointing.fsdp_utils import load_fsdp_model, save_fsdp_model
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.utils.fsdp_utils import load_fsdp_model, save_fsdp_model
 
     plugin = FullyShardedDataParallelPlugin(fsdp_version=1, state_dict_type="LOCAL_STATE_DICT")
     accelerator = SimpleNamespace(strategy=None, device=CPU)
@@ -212,13 +212,13 @@ def _local_state_mismatches(folder: str) -> list[str]:
 
 def _accelerator_checks() -> dict[str, Any]:
     from hasten import Accelerator
-    from hasten.checkpointing.fsdp_utils import (
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.utils.fsdp_utils import (
         fsdp2_apply_ac,
         fsdp2_load_full_state_dict,
         fsdp2_prepare_model,
         get_fsdp2_grad_scaler,
     )
-    from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=2, auto_wrap_policy="transformer_based_wrap"

@@ -1,54 +1,39 @@
-"""Accelerate's FSDP helper functions (``accelerate.utils.fsdp_utils``), on hasten's strategies.
+"""Accelerate's FSDP checkpoint helpers (``accelerate.utils.fsdp_utils``), on hasten's strategies.
 
 ``save_fsdp_model`` / ``load_fsdp_model`` / ``save_fsdp_optimizer`` / ``load_fsdp_optimizer``
 write and read Accelerate's layout: a sharded state dict as a DCP folder
-(``pytorch_model_fsdp_<i>`` / ``optimizer_<i>``), a full one as ``pytorch_model_fsdp[_<i>].bin``
-/ ``optimizer[_<i>].bin`` from rank 0, and FSDP1's LOCAL_STATE_DICT model as each process's
+(``pytorch_model_fsdp_<i>`` / ``optimizer_<i>``, written and read as save_state's parts are:
+staged, listed in the folder's own manifest, published by one rename, verified on load;
+`hasten.checkpointing.storage.dcp`), a full one as ``pytorch_model_fsdp[_<i>].bin`` /
+``optimizer[_<i>].bin`` from rank 0, and FSDP1's LOCAL_STATE_DICT model as each process's
 ``pytorch_model_fsdp[_<i>]_rank<r>.bin`` (its flat shards as plain tensors, so they load with
-``weights_only=True``; the optimizer state is sharded, through DCP, as in Accelerate). The ``fsdp2_*`` helpers expose the pieces of the FSDP2
-strategy's prepare. Every process calls the collective ones together.
+``weights_only=True``; the optimizer state is sharded, through DCP, as in Accelerate).
+``merge_fsdp_weights`` merges a DCP folder into one file. Every process calls the collective
+ones together. The prepare helpers (``fsdp2_prepare_model``, ``fsdp2_apply_ac``, ...) are in
+`hasten.strategies.fsdp_helpers`; ``hasten.utils.fsdp_utils`` re-exports both.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import torch
-from torch import nn
 
 from hasten.checkpointing.merge import merge_on_main_process
 from hasten.checkpointing.storage.io import atomic_write, load
 from hasten.checkpointing.storage.paths import sharded_model_dir, sharded_optimizer_dir
-from hasten.config import envvars
 from hasten.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
-from hasten.precision import Precision
 from hasten.state import PartialState
-from hasten.strategies.composable import ComposableStrategy
-from hasten.strategies.fsdp1 import FSDP1Strategy
-from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard
-from hasten.strategies.parallelize import apply_ac
-from hasten.strategies.rebind import canonical_name
-from hasten.strategies.sharded import ShardedStrategy, state_dict_options
+from hasten.strategies.fsdp_helpers import FSDPRunView, fsdp_strategy
 from hasten.strategies.unwrap import is_peft_model
 
 if TYPE_CHECKING:
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 __all__ = [
-    "disable_fsdp_ram_efficient_loading",
-    "enable_fsdp_ram_efficient_loading",
-    "ensure_weights_retied",
-    "fsdp2_apply_ac",
-    "fsdp2_canonicalize_names",
-    "fsdp2_load_full_state_dict",
-    "fsdp2_prepare_auto_wrap_policy",
-    "fsdp2_prepare_model",
-    "fsdp2_switch_optimizer_parameters",
-    "get_fsdp2_grad_scaler",
-    "get_parameters_from_modules",
     "load_fsdp_model",
     "load_fsdp_optimizer",
     "merge_fsdp_weights",
@@ -69,39 +54,6 @@ def merge_fsdp_weights(
     others wait for it, so each can read the merged file once this returns.
     """
     merge_on_main_process(checkpoint_dir, output_path, safe_serialization, remove_checkpoint_dir)
-
-
-def enable_fsdp_ram_efficient_loading() -> None:
-    """Ask for rank-0-only weight loading (``FSDP_CPU_RAM_EFFICIENT_LOADING=true``).
-
-    Also sets ``ACCELERATE_USE_FSDP=true`` when unset, as Accelerate does: transformers'
-    ``from_pretrained`` builds the model on meta on the other ranks only when both are set.
-    """
-    if envvars.read("ACCELERATE_USE_FSDP") is None:
-        envvars.write("ACCELERATE_USE_FSDP", "true")
-    envvars.write("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
-
-
-def disable_fsdp_ram_efficient_loading() -> None:
-    """Load weights on every rank again (``FSDP_CPU_RAM_EFFICIENT_LOADING=false``)."""
-    envvars.write("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
-
-
-def _strategy(fsdp_plugin: Any, accelerator: Any) -> ShardedStrategy:
-    strategy = getattr(accelerator, "strategy", None)
-    held = getattr(strategy, "plugin", None)  # None: tensor parallelism alone, no FSDP
-    same = held is not None and (fsdp_plugin is None or fsdp_plugin is held)
-    if isinstance(strategy, ShardedStrategy) and same:
-        return strategy
-    plugin = fsdp_plugin if fsdp_plugin is not None else accelerator.state.fsdp_plugin
-    if plugin is None:
-        raise ValueError(
-            "This helper needs an FSDP run: pass the FullyShardedDataParallelPlugin (or create "
-            "the Accelerator with fsdp_plugin=...)."
-        )
-    if plugin.fsdp_version == 2:
-        return ComposableStrategy(plugin, accelerator.device)
-    return FSDP1Strategy(plugin, accelerator.device)
 
 
 def _kind(fsdp_plugin: Any, use_dcp: bool, *, optimizer: bool = False) -> str:
@@ -215,8 +167,8 @@ def _dcp_load(state: dict[str, Any], folder: Path) -> None:
 
 
 def save_fsdp_model(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None,
+    accelerator: FSDPRunView,
     model: Any,
     output_dir: Any,
     model_index: int = 0,
@@ -225,7 +177,7 @@ def save_fsdp_model(
 ) -> None:
     """Save ``model``: sharded into ``pytorch_model_fsdp_<i>/`` or full from rank 0."""
     _adapter_refused(adapter_only, model)
-    strategy = _strategy(fsdp_plugin, accelerator)
+    strategy = fsdp_strategy(fsdp_plugin, accelerator)
     if _kind(strategy.plugin, use_dcp) == "local":
         _save_local(model, Path(output_dir) / _local_file(model_index))
         return
@@ -239,8 +191,8 @@ def save_fsdp_model(
 
 
 def load_fsdp_model(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None,
+    accelerator: FSDPRunView,
     model: Any,
     input_dir: Any,
     model_index: int = 0,
@@ -249,7 +201,7 @@ def load_fsdp_model(
 ) -> None:
     """Load what `save_fsdp_model` wrote (sharded: on any number of processes)."""
     _adapter_refused(adapter_only, model)
-    strategy = _strategy(fsdp_plugin, accelerator)
+    strategy = fsdp_strategy(fsdp_plugin, accelerator)
     if _kind(strategy.plugin, use_dcp) == "local":
         _load_local(model, Path(input_dir) / _local_file(model_index))
         return
@@ -264,8 +216,8 @@ def load_fsdp_model(
 
 
 def save_fsdp_optimizer(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None,
+    accelerator: FSDPRunView,
     optimizer: Any,
     model: Any,
     output_dir: Any,
@@ -273,7 +225,7 @@ def save_fsdp_optimizer(
     use_dcp: bool = True,
 ) -> None:
     """Save ``optimizer``'s state keyed by parameter name: sharded (DCP) or full from rank 0."""
-    strategy = _strategy(fsdp_plugin, accelerator)
+    strategy = fsdp_strategy(fsdp_plugin, accelerator)
     _save(
         strategy,
         use_dcp,
@@ -284,8 +236,8 @@ def save_fsdp_optimizer(
 
 
 def load_fsdp_optimizer(
-    fsdp_plugin: Any,
-    accelerator: Any,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None,
+    accelerator: FSDPRunView,
     optimizer: Any,
     model: Any,
     input_dir: Any,
@@ -295,7 +247,7 @@ def load_fsdp_optimizer(
 ) -> None:
     """Load what `save_fsdp_optimizer` wrote."""
     _adapter_refused(adapter_only, model)
-    strategy = _strategy(fsdp_plugin, accelerator)
+    strategy = fsdp_strategy(fsdp_plugin, accelerator)
     _load(
         strategy,
         use_dcp,
@@ -304,98 +256,6 @@ def load_fsdp_optimizer(
         Path(input_dir) / sharded_optimizer_dir(optimizer_index),
         Path(input_dir) / _full_file(OPTIMIZER_NAME, optimizer_index),
     )
-
-
-def fsdp2_prepare_model(accelerator: Any, model: nn.Module) -> nn.Module:
-    """Shard ``model`` with FSDP2 as the Accelerator's plugin asks (no compile, no autocast)."""
-    strategy = _strategy(None, accelerator)
-    if not isinstance(strategy, ComposableStrategy) or strategy.plugin is None:
-        raise ValueError("fsdp2_prepare_model needs fsdp_version=2 in the FSDP plugin.")
-    return strategy.prepare_module(model, accelerator.device, precision=Precision(), dynamo=None)
-
-
-def fsdp2_load_full_state_dict(
-    accelerator: Any, model: nn.Module, full_sd: dict, cpu_offload: bool = False
-) -> None:
-    """Load a full state dict held by rank 0 (others may pass ``{}``) into a sharded model."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    options = state_dict_options(full=True, cpu_offload=cpu_offload)
-    set_model_state_dict(model, full_sd, options=options)
-
-
-def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping: dict) -> None:
-    """Replace each optimizer parameter by ``mapping[param.data_ptr()]`` (or ``mapping[param]``).
-
-    Raises:
-        KeyError: a parameter has no entry (the optimizer would keep training a stale copy).
-    """
-    for group in optimizer.param_groups:
-        replaced = []
-        for param in group["params"]:
-            new = mapping.get(param.data_ptr(), mapping.get(param))
-            if new is None:
-                raise KeyError(
-                    f"No new parameter for an optimizer parameter of shape {tuple(param.shape)}: "
-                    "build the mapping from every parameter of the model before sharding."
-                )
-            replaced.append(new)
-        group["params"] = replaced
-
-
-def fsdp2_apply_ac(accelerator: Any, model: nn.Module) -> nn.Module:
-    """Checkpoint the activations of the blocks the plugin's wrap policy picks."""
-    plugin = _strategy(None, accelerator).plugin  # an FSDP strategy's: never None here
-    return apply_ac(model, cast("FullyShardedDataParallelPlugin", plugin))
-
-
-def fsdp2_canonicalize_names(named_params: dict) -> dict:
-    """Drop wrapper pieces (``_checkpoint_wrapped_module.``, ``_orig_mod.``...) from the keys."""
-    return {canonical_name(name): value for name, value in named_params.items()}
-
-
-def fsdp2_prepare_auto_wrap_policy(
-    fsdp2_plugin: Any, model: nn.Module
-) -> Callable[[nn.Module], bool] | None:
-    """``policy(module) -> bool`` for the plugin's wrap policy bound to ``model`` (None: no wrap)."""
-    chosen = {id(m) for m in modules_to_shard(fsdp2_plugin, model, [])}
-    if not chosen:
-        return None
-    return lambda module: id(module) in chosen
-
-
-def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
-    """FSDP2 uses torch's plain `GradScaler` (DTensor gradients unscale in place)."""
-    return torch.amp.GradScaler(PartialState().device.type, **kwargs)
-
-
-def get_parameters_from_modules(
-    modules: Iterable[nn.Module] | str, model: Any, device: Any
-) -> set[nn.Parameter]:
-    """The parameters of ``modules`` (modules, or a regex of module names in ``model``)."""
-    holder = type("_Spec", (), {"ignored_modules": modules})()
-    return {p for module in ignored_modules(holder, model) for p in module.parameters()}
-
-
-def ensure_weights_retied(param_init_fn: Any, model: nn.Module, device: torch.device) -> Any:
-    """Wrap ``param_init_fn`` so parameters tied in ``model`` stay tied after initialisation."""
-    tied: dict[int, list[tuple[nn.Module, str]]] = {}
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            tied.setdefault(id(param), []).append((module, name))
-    groups = [owners for owners in tied.values() if len(owners) > 1]
-    if not groups:
-        return param_init_fn
-
-    def init_and_retie(module: nn.Module) -> Any:
-        result = param_init_fn(module)
-        for owners in groups:
-            first, name = owners[0]
-            for other, other_name in owners[1:]:
-                setattr(other, other_name, getattr(first, name))
-        return result
-
-    return init_and_retie
 
 
 def _save(

@@ -1,6 +1,14 @@
-"""Compatibility path for ``accelerate.utils.fsdp_utils``; the helpers live in `hasten.checkpointing.fsdp_utils`."""
+"""Compatibility path for ``accelerate.utils.fsdp_utils``: the checkpoint helpers live in
+`hasten.checkpointing.fsdp_utils`, the prepare helpers in `hasten.strategies.fsdp_helpers`."""
 
 from hasten.checkpointing.fsdp_utils import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    merge_fsdp_weights,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
+from hasten.strategies.fsdp_helpers import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,
@@ -12,11 +20,6 @@ from hasten.checkpointing.fsdp_utils import (
     fsdp2_switch_optimizer_parameters,
     get_fsdp2_grad_scaler,
     get_parameters_from_modules,
-    load_fsdp_model,
-    load_fsdp_optimizer,
-    merge_fsdp_weights,
-    save_fsdp_model,
-    save_fsdp_optimizer,
 )
 
 __all__ = [

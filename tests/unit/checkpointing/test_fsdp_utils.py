@@ -1,4 +1,4 @@
-"""Accelerate's FSDP helpers that need no process group."""
+"""Accelerate's FSDP helpers (`hasten.utils.fsdp_utils`) that need no process group."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from _support.fsdp_models import TinyTransformer
-from hasten.checkpointing.fsdp_utils import (
+from hasten.config import envvars
+from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.utils.fsdp_utils import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,
@@ -18,8 +20,6 @@ from hasten.checkpointing.fsdp_utils import (
     fsdp2_switch_optimizer_parameters,
     get_parameters_from_modules,
 )
-from hasten.config import envvars
-from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
 
 def test_ram_efficient_loading_switches() -> None:
@@ -80,7 +80,7 @@ def test_ensure_weights_retied() -> None:
 def test_helpers_refuse_what_they_cannot_do(tmp_path: Any) -> None:
     from types import SimpleNamespace
 
-    from hasten.checkpointing.fsdp_utils import fsdp2_prepare_model, save_fsdp_model
+    from hasten.utils.fsdp_utils import fsdp2_prepare_model, save_fsdp_model
 
     cpu = torch.device("cpu")
     plain = SimpleNamespace(strategy=None, device=cpu, state=SimpleNamespace(fsdp_plugin=None))
