@@ -299,9 +299,10 @@ def _merged(parts: dict[str, Metadata], folders: Mapping[str, str]) -> Metadata:
             merged.state_dict_metadata[f"{part}.{key}"] = item
         for key, path in (metadata.planner_data or {}).items():
             merged.planner_data[f"{part}.{key}"] = (part, *tuple(path))
+        prefix = in_folder(folders[part], "")  # "<folder>/", or "" for the root itself
         for index, info in (metadata.storage_data or {}).items():
             combined = MetadataIndex(f"{part}.{index.fqn}", index.offset, index.index)
-            where = in_folder(folders[part], info.relative_path)
+            where = f"{prefix}{info.relative_path}"
             merged.storage_data[combined] = dataclasses.replace(info, relative_path=where)
     return merged
 
