@@ -266,27 +266,32 @@ def hasten_setup(
     return Setup(work, sys.executable, env)
 
 
+def _purelib(python: str) -> str:
+    """The site-packages folder of the interpreter ``python``."""
+    return subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
 def reference_setup(archive: Path, cache: Path, work: Path, checkout: Path | None = None) -> Setup:
     """The same tests against Accelerate itself, in a scratch venv sharing this one's packages."""
     venv = cache / "reference-venv"
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        site = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        ours = subprocess.run(
-            [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        Path(site, "hasten_conformance_shared.pth").write_text(ours + "\n")
+    site = _purelib(str(python))
+    shared = Path(site, "hasten_conformance_shared.pth")
+    if not shared.exists():
+        shared.write_text(_purelib(sys.executable) + "\n")
+    if not Path(site, "accelerate").is_dir():
+        # --ignore-installed: this venv sees ours, where hasten's `accelerate 1.15.0+hasten...`
+        # (make install) satisfies ==1.15.0, so pip would otherwise install nothing here
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--no-deps", f"accelerate=={VERSION}"],
+            [str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed"]
+            + [f"accelerate=={VERSION}"],
             check=True,
         )
     unpack(archive, work, redirect=False)
