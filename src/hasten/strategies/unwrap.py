@@ -67,6 +67,12 @@ def _drop_fp32_forward(model: nn.Module) -> None:
         model.forward = original
 
 
+def _regional_original(module: nn.Module) -> nn.Module | None:
+    """The original behind a `compile_regions` copy (kept in its ``__dict__``), else None."""
+    original = module.__dict__.get("_orig_mod")
+    return original if isinstance(original, nn.Module) and not is_compiled_module(module) else None
+
+
 def extract_model_from_parallel(
     model: nn.Module,
     keep_fp32_wrapper: bool = True,
@@ -78,7 +84,8 @@ def extract_model_from_parallel(
     Args:
         model: the possibly wrapped model.
         keep_fp32_wrapper: keep the mixed-precision forward (False restores the original forward).
-        keep_torch_compile: keep the `torch.compile` wrapper around the result.
+        keep_torch_compile: keep the `torch.compile` wrapper around the result (and return a
+            `compile_regions` copy itself rather than its original).
         recursive: also unwrap every submodule that is itself a ``.module`` container.
 
     Returns:
@@ -91,6 +98,11 @@ def extract_model_from_parallel(
     containers = parallel_containers()
     while isinstance(model, containers):
         model = cast(nn.Module, model.module)
+    original = _regional_original(model)
+    if original is not None and not keep_torch_compile:
+        # A `compile_regions` copy (or the copied inner model of a copied container): the
+        # uncompiled original it was made from, with the original's parameter names.
+        model = original
     if recursive:
         model = _unwrap_children(model, containers)
     if not keep_fp32_wrapper:
