@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -41,6 +42,7 @@ TRANSFORMERS_SPEC = "transformers==5.24.0"
 ACCELERATE_SPEC = "accelerate==1.15.0"
 SIDES = ("accelerate", "hasten")
 SEQ = 64
+RUN_TIMEOUT_S = 600  # one launch; a healthy one takes seconds
 BATCH = 8
 
 
@@ -152,6 +154,10 @@ def torch_worker(steps: int, warmup: int, out: Path) -> None:
     if rank == 0:
         _write(out, stamps, warmup, statistics.fmean(losses), "none (torch)")
     if world > 1:
+        # Both ranks leave the last collective together before the group is torn down: a rank
+        # that destroys gloo while its peer still has traffic in flight can leave torchrun
+        # waiting on a worker that never exits.
+        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -233,11 +239,26 @@ def run_once(venv: Path, kind: str, nproc: int, steps: int, warmup: int) -> dict
         ]
         env = dict(os.environ)  # noqa: TID251 - the workers' environment, outside hasten
         env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        done = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=1800, check=False
+        # Its own session, so that a launch that hangs is killed with all of its workers.
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
-        if done.returncode != 0 or not out.exists():
-            raise SystemExit(f"{kind} run failed in {venv} ({nproc} proc):\n{done.stderr[-4000:]}")
+        try:
+            _, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, stderr = proc.communicate()
+            raise SystemExit(
+                f"{kind} run in {venv} ({nproc} proc) still running after {RUN_TIMEOUT_S} s: "
+                f"killed. Its stderr:\n{stderr[-4000:]}"
+            ) from None
+        if proc.returncode != 0 or not out.exists():
+            raise SystemExit(f"{kind} run failed in {venv} ({nproc} proc):\n{stderr[-4000:]}")
         return json.loads(out.read_text())
 
 

@@ -7,6 +7,7 @@
 #
 #   scripts/ecosystem/suites.sh setup            # venvs, sources, hub stand-ins (once; ~15 min)
 #   scripts/ecosystem/suites.sh run SUITE SIDE   # SUITE: trl | peft | peft-devicemap | diffusers
+#                                                #        | transformers
 #                                                # SIDE: accelerate | hasten
 #   scripts/ecosystem/suites.sh compare [SUITE]  # counts side by side + every test that differs
 #   scripts/ecosystem/suites.sh all              # setup, every suite on both sides, compare
@@ -15,8 +16,11 @@
 # no tests: give their git directories (the `fetch` tool's huggingface/trl and huggingface/diffusers)
 # in TRL_GIT and DIFFUSERS_GIT; the tests are taken at TRL_REF / DIFFUSERS_REF. The newest stored
 # trl snapshot predates 1.16, so trl runs as the released pair trl==1.9.0 + tag v1.9.0 (tests of
-# another version fail to import). transformers' tests/trainer is in neither its sdist nor a
-# snapshot this machine can fetch (the repository is over the size limit), so it is not run here.
+# another version fail to import). transformers' tests/trainer is in neither its sdist nor the
+# huggingface/transformers snapshot this machine can fetch (over the size limit); ROCm/transformers,
+# AMD's fork, can be fetched and carries upstream main on its `upstream_sync` branch. The transformers
+# suite installs transformers from that same commit (TRANSFORMERS_REF), so library and tests match,
+# in its own pair of venvs (venv-tf-accelerate, venv-tf-hasten).
 #
 # Test-environment adaptations, the same on both sides (each file says why):
 #   hub_standins.py      tiny stand-ins for the hub models / data sets the suites load most
@@ -33,6 +37,8 @@ TRL_SPEC=${TRL_SPEC:-trl==1.9.0}
 DIFFUSERS_GIT=${DIFFUSERS_GIT:-/work/.mirror/huggingface+diffusers/repo}
 DIFFUSERS_REF=${DIFFUSERS_REF:-v0.40.0}
 PEFT_VERSION=${PEFT_VERSION:-0.21.2}
+TRANSFORMERS_GIT=${TRANSFORMERS_GIT:-/work/.mirror/ROCm+transformers/repo}
+TRANSFORMERS_REF=${TRANSFORMERS_REF:-56c4b5e37f}   # upstream main, 5.0.1.dev0 (2026-02)
 TIMEOUT=${ECOSUITES_TIMEOUT:-600}   # seconds per test
 PKGS=(torch==2.13.0 transformers==5.24.0 "$TRL_SPEC" "peft==$PEFT_VERSION" diffusers==0.42.1
       datasets pytest pytest-timeout parameterized scipy torchvision sentencepiece tensorboard scikit-learn)
@@ -41,17 +47,25 @@ export HF_HOME="$WORK/hf" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OF
 export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 WANDB_DISABLED=true WANDB_MODE=disabled
 export CUDA_VISIBLE_DEVICES="" PYTHONPATH="$HERE"
 
-SUITES="trl peft peft-devicemap diffusers"
+# transformers' own test extras that tests/trainer and its conftest import.
+TF_PKGS=(torch==2.13.0 datasets pytest pytest-timeout pytest-env parameterized timeout-decorator
+         psutil dill evaluate tensorboard scikit-learn sentencepiece optuna)
+
+SUITES="trl peft peft-devicemap diffusers transformers transformers-gated"
 
 venv() { echo "$WORK/venv-$1"; }
 
-make_venv() {  # side
-  local v; v=$(venv "$1")
+make_venv() {  # side [tf]: the tf pair holds transformers built from TRANSFORMERS_REF
+  local v; v=$(venv "${2:+$2-}$1")
   [[ -f "$v/.ready" ]] && return
   python3 -m venv "$v"
   "$v/bin/pip" install -q --upgrade pip
   "$v/bin/pip" install -q torch==2.13.0              # the local CPU wheel first
-  "$v/bin/pip" install -q "${PKGS[@]}"
+  if [[ -n ${2:-} ]]; then
+    "$v/bin/pip" install -q "${TF_PKGS[@]}" "$WORK/src/transformers"
+  else
+    "$v/bin/pip" install -q "${PKGS[@]}"
+  fi
   if [[ $1 == accelerate ]]; then
     "$v/bin/pip" install -q torch==2.13.0 accelerate==1.15.0
   else
@@ -65,8 +79,13 @@ make_venv() {  # side
 
 setup() {
   mkdir -p "$WORK/src"
+  mkdir -p "$WORK/src/transformers"
+  [[ -f "$WORK/src/transformers/setup.py" ]] ||
+    git -C "$TRANSFORMERS_GIT" archive "$TRANSFORMERS_REF" | tar x -C "$WORK/src/transformers"
   make_venv accelerate
   make_venv hasten
+  make_venv accelerate tf
+  make_venv hasten tf
   cd "$WORK/src"
   if [[ ! -d peft-$PEFT_VERSION ]]; then
     "$(venv accelerate)/bin/pip" download -q --no-deps --no-binary :all: "peft==$PEFT_VERSION" -d .
@@ -89,11 +108,13 @@ suite_dir() {
     trl) echo "$WORK/src/trl" ;;
     peft*) echo "$WORK/src/peft-$PEFT_VERSION" ;;
     diffusers*) echo "$WORK/src/diffusers" ;;
+    transformers*) echo "$WORK/src/transformers" ;;
   esac
 }
 run() {  # suite side
   local dir v out args
   dir=$(suite_dir "$1"); v=$(venv "$2"); out="$WORK/results"
+  [[ $1 == transformers* ]] && v=$(venv "tf-$2")
   case $1 in
     trl) args=(tests/test_sft_trainer.py tests/test_dpo_trainer.py tests/test_reward_trainer.py
                tests/test_grpo_trainer.py) ;;
@@ -104,12 +125,18 @@ run() {  # suite side
     diffusers) args=(examples/unconditional_image_generation examples/text_to_image examples/textual_inversion
                      examples/dreambooth/test_dreambooth.py examples/dreambooth/test_dreambooth_lora.py
                      examples/custom_diffusion -k "not sdxl and not _if") ;;
+    # Its tests run on CPU as written: no use_cpu patch (SUITE_USE_CPU=0 below).
+    transformers) args=(tests/trainer) ;;
+    # Its multi-device tests (skipped above), run as 2 CPU processes: SUITE_CPU_DEVICES=2 below.
+    transformers-gated) args=(tests/trainer -k "Distributed or FSDP or multiple_accelerators or num_batches_in_training_with_gradient_accumulation or double_train_wrap_once") ;;
   esac
   # ECOSUITES_SELECT replaces the selection (pytest arguments, e.g. test ids) for a quicker run.
   [[ -n ${ECOSUITES_SELECT:-} ]] && read -r -a args <<< "$ECOSUITES_SELECT"
   mkdir -p "$out"
   cd "$dir"
   # diffusers' example tests start `accelerate launch`: the venv's own command comes first.
+  SUITE_USE_CPU=$([[ $1 == transformers* ]] && echo 0 || echo 1) \
+  SUITE_CPU_DEVICES=$([[ $1 == transformers-gated ]] && echo 2) \
   PATH="$v/bin:$PATH" "$v/bin/python" -m pytest -p no:cacheprovider -p suite_plugin -o addopts= \
     --timeout "$TIMEOUT" -q -rA --junitxml "$out/$1-$2.xml" "${args[@]}" > "$out/$1-$2.log" 2>&1 || true
   tail -n 1 "$out/$1-$2.log"
