@@ -83,3 +83,34 @@ def test_one_process_round_trip_is_published_atomically(tmp_path: Path) -> None:
     assert not is_sharded_checkpoint(tmp_path)
     loaded = load_sharded_state({"w": torch.zeros(2, 3)}, final)
     assert torch.equal(loaded["w"], state["w"])
+
+
+def _save_with_groups(folder: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from hasten.checkpointing.sharded import save_sharded_state
+    from hasten.state import PartialState
+
+    state = PartialState()
+    alone = [dist.new_group([rank]) for rank in range(state.num_processes)]
+    state_dict = {"w": torch.full((2,), float(state.process_index))}
+    try:
+        save_sharded_state(
+            state_dict, Path(folder) / "subgroup", process_group=alone[state.process_index]
+        )
+        refused = ""
+    except ValueError as exc:
+        refused = str(exc)
+    whole = save_sharded_state(state_dict, Path(folder) / "whole", process_group=dist.group.WORLD)
+    return {"refused": refused, "whole": sorted(p.name for p in whole.iterdir())}
+
+
+@pytest.mark.timeout(90)
+def test_a_subgroup_save_is_refused_before_anything_waits(tmp_path: Path) -> None:
+    results = run_distributed(_save_with_groups, str(tmp_path), world_size=2, timeout=60)
+    for result in results:
+        # each process is refused on its own, at once: no collective waits on the other
+        assert "process_group has 1 of its 2 processes" in result["refused"]
+        assert "process_group=None" in result["refused"]
+        assert MANIFEST_NAME in result["whole"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["whole"]  # the refused save wrote nothing

@@ -51,6 +51,7 @@ def save_sharded_state(
 
     Raises:
         FolderNotSharedError: the processes do not all see ``output_dir`` (nothing is written).
+        ValueError: ``process_group`` is a subgroup; every process of the run saves together.
     """
     from hasten.checkpointing.storage.dcp import save_folder
 

@@ -181,6 +181,22 @@ def _refusal(exc: BaseException) -> BaseException | None:
     return None
 
 
+def _require_every_process(process_group: Any, num_processes: int) -> None:
+    """Refuse a save by a subgroup: a folder's save agrees over every process of the run (who
+    writes which file, then the publish), so a subgroup's save would wait on processes that
+    never call it."""
+    if process_group is None or not _distributed():
+        return
+    size = dist.get_world_size(process_group)
+    if size != num_processes:
+        raise ValueError(
+            f"A sharded checkpoint is saved by every process of the run together, but "
+            f"process_group has {size} of its {num_processes} processes. Call the save on every "
+            "process with process_group=None (the default); the tensors' own meshes decide which "
+            "process writes which shard."
+        )
+
+
 def save_folder(
     state_dict: dict[str, Any], output_dir: str | os.PathLike[str], *, process_group: Any = None
 ) -> Path:
@@ -194,8 +210,12 @@ def save_folder(
 
     Returns:
         The published folder.
+
+    Raises:
+        ValueError: ``process_group`` leaves out some of the run's processes.
     """
     state = PartialState()
+    _require_every_process(process_group, state.num_processes)
     final = Path(output_dir).absolute()
     plan = SavePlan(
         final=final,
