@@ -47,7 +47,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(command: list[str], tmp: Path, timeout: int = 840) -> subprocess.CompletedProcess[str]:
+def _run(command: list[str], tmp: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     """Run a launch in its own session: on a timeout its workers are stopped with it."""
     with subprocess.Popen(
         command, cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

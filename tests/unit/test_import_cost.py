@@ -60,6 +60,7 @@ ACCELERATOR_IMPORTS = {
     "hasten.state.partial",
     "hasten.state.recorder",
     "hasten.state.split",
+    "hasten.state.teardown",
     "hasten.strategies",
     "hasten.strategies.base",
     "hasten.strategies.call",

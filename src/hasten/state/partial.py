@@ -14,11 +14,9 @@ SIGABRT ("terminate called without an active exception").
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import functools
 import logging
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -36,6 +34,7 @@ from hasten.state import recorder
 from hasten.state._shared import SharedState, register_reset_hook, unreadable_state
 from hasten.state.detect import RunSpec, detect_run, main_is_last_process, runs_distributed
 from hasten.state.split import split_inputs
+from hasten.state.teardown import destroy_group, release_retired, remember_made_group
 
 __all__ = ["DEFAULT_PROCESS_GROUP_TIMEOUT", "PartialState"]
 
@@ -126,6 +125,7 @@ def _set_cpu_threads(local_num_processes: int) -> None:
 
 
 def _init_process_group(spec: RunSpec, backend: str, kwargs: dict[str, Any]) -> None:
+    release_retired()  # a group hasten destroyed before goes first, with its store
     if spec.use_deepspeed:
         from hasten.core.imports import require
 
@@ -137,34 +137,6 @@ def _init_process_group(spec: RunSpec, backend: str, kwargs: dict[str, Any]) -> 
     kwargs.setdefault("rank", spec.process_index)
     kwargs.setdefault("world_size", spec.num_processes)
     dist.init_process_group(backend=backend, **kwargs)
-
-
-# The gloo group hasten made, held weakly: destroyed at interpreter exit if still alive.
-_made_group: list[Callable[[], Any]] = []
-
-
-def _destroy_made_group() -> None:
-    """At interpreter exit: destroy the gloo group hasten made, if it is still the live one."""
-    if not _made_group:
-        return
-    group = _made_group[0]()
-    if group is None or not dist.is_initialized() or group is not dist.group.WORLD:
-        return
-    try:
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - exiting anyway; a torn group must not mask the exit code
-        logger.debug("Destroying the process group at exit failed", exc_info=True)
-
-
-atexit.register(_destroy_made_group)
-
-
-def _remember_made_group(backend: str) -> None:
-    # Only gloo: destroying an NCCL group at exit waits for its pending work, which a job
-    # exiting on an error may never finish; torch handles NCCL's at-exit teardown itself.
-    world = dist.group.WORLD
-    if world is not None and backend.split(":")[-1].endswith("gloo"):
-        _made_group[:] = [weakref.ref(world)]
 
 
 def _destroyed_barrier(num_processes: int) -> Callable[[], None]:
@@ -308,7 +280,7 @@ class PartialState(SharedState):
             self._owns_group = not dist.is_initialized()
             if self._owns_group:
                 _init_process_group(spec, spec.backend, dict(kwargs))
-                _remember_made_group(spec.backend)
+                remember_made_group(spec.backend)
         else:
             self._owns_group = False
         self._group_kwargs = dict(kwargs)
@@ -515,7 +487,7 @@ class PartialState(SharedState):
                 # Keep the rendezvous store: a restart then needs no new rendezvous (where rank
                 # 0 hosts the store, a peer could otherwise join the old one as it closes).
                 self._kept_store = recorder.default_store()
-            dist.destroy_process_group(group)
+            destroy_group(group)
             if ours:
                 self._group_destroyed = True
                 self._barrier = _destroyed_barrier(self.num_processes)
@@ -542,7 +514,7 @@ class PartialState(SharedState):
             kwargs["store"] = dist.PrefixStore(f"hasten_restart_{self._restarts}/", store)
             kwargs.pop("init_method", None)
         _init_process_group(spec, spec.backend, kwargs)
-        _remember_made_group(spec.backend)
+        remember_made_group(spec.backend)
         self._owns_group = True
         self._barrier = _barrier_for(spec, self.device)
         self._group_destroyed = False
