@@ -77,7 +77,10 @@ def _worker(
             import torch.distributed as dist
 
             if dist.is_initialized():
-                dist.destroy_process_group()
+                # hasten's teardown: a plain destroy can deadlock on gloo (state/teardown.py)
+                from hasten.state.teardown import destroy_group
+
+                destroy_group()
         except Exception:  # noqa: BLE001 - teardown best effort; the result is already sent
             pass
 
