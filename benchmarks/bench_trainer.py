@@ -154,10 +154,13 @@ def torch_worker(steps: int, warmup: int, out: Path) -> None:
     if rank == 0:
         _write(out, stamps, warmup, statistics.fmean(losses), "none (torch)")
     if world > 1:
-        # Both ranks leave the last collective together before the group is torn down: a rank
-        # that destroys gloo while its peer still has traffic in flight can leave torchrun
-        # waiting on a worker that never exits.
+        # torch 2.13 can deadlock when a destroyed gloo group is freed (here by DDP's reducer)
+        # while one of its threads still drops a work issued in backward: it hung torchrun once.
+        # Free the model while the group is alive, and let the threads drain before the destroy
+        # (hasten does the same in end_training: src/hasten/state/teardown.py).
+        del model, opt, sched
         dist.barrier()
+        time.sleep(0.05)
         dist.destroy_process_group()
 
 
