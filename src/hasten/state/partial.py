@@ -9,7 +9,8 @@ neither makes it again nor destroys it in `Accelerator.end_training`. A gloo gro
 is destroyed when the interpreter exits, if nothing did so before: left to the interpreter's
 own teardown, its threads (gloo's loop and workers, the store's server on rank 0) were still
 running while the objects around them were destroyed, and a finished job could end with
-SIGABRT ("terminate called without an active exception").
+SIGABRT ("terminate called without an active exception"). Destroying and releasing groups is
+`hasten.state.teardown`'s (it also keeps destroyed gloo groups until their threads are idle).
 """
 
 from __future__ import annotations
