@@ -39,6 +39,7 @@ def _worker(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     queue: Any,
+    release: Any,
 ) -> None:
     # The child's full collections would scan (and so copy-on-write) every object the test
     # process holds (torch, transformers...): keep what it inherited out of the collector's reach.
@@ -73,6 +74,10 @@ def _worker(
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
+        # Rank 0 hosts the store: a rank that finishes first must not take it away while a
+        # slower rank still rendezvouses on it (a subgroup's gloo connect reads "Connection reset
+        # by peer"). Every worker stays until the parent has heard from all of them.
+        release.wait(timeout=60.0)
         try:
             import torch.distributed as dist
 
@@ -104,11 +109,12 @@ def run_distributed(
 
     ctx = mp.get_context("fork")
     queue = ctx.SimpleQueue()
+    release = ctx.Event()
     port = free_port()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, port, dict(env or {}), fn, args, queue),
+            args=(rank, world_size, port, dict(env or {}), fn, args, queue, release),
             daemon=True,
         )
         for rank in range(world_size)
@@ -128,6 +134,7 @@ def run_distributed(
             continue
         rank, status, payload = queue.get()
         (results if status == "ok" else errors)[rank] = payload
+    release.set()
     for proc in procs:
         proc.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
     for proc in procs:
