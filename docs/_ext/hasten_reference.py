@@ -1,6 +1,6 @@
 """Sphinx extension: writes the API reference pages (``docs/api/``) from Accelerate's surface.
 
-Every public name of Accelerate 1.15 (``accelerate-surface.json``) that hasten exports gets an
+Every public name of Accelerate 1.15 (``tests/compat/accelerate-surface.json``) that hasten exports gets an
 entry, grouped into pages as Accelerate's own reference is (the Accelerator, state, kwargs
 handlers, plugins, trackers, launchers, big models, utilities...). Each object is documented
 once, from its docstring (autodoc imports it through its public path, lazy tables included), and
@@ -159,14 +159,14 @@ class Entry:
 
 
 def find_surface(start: Path) -> Path:
-    """Return ``shared/accelerate-surface.json`` from the first folder above ``start`` having it."""
+    """Return the repository's copy of Accelerate's surface list (``tests/compat/``) above ``start``."""
     for folder in [start, *start.parents]:
-        for candidate in (folder / "shared", folder.parent / "shared"):
-            if (candidate / "accelerate-surface.json").is_file():
-                return candidate / "accelerate-surface.json"
+        candidate = folder / "tests" / "compat" / "accelerate-surface.json"
+        if candidate.is_file():
+            return candidate
     raise FileNotFoundError(
-        f"shared/accelerate-surface.json was not found above {start}; the API reference is "
-        "generated from it (it lies beside the repository, in ../shared)."
+        f"tests/compat/accelerate-surface.json was not found above {start}; the API reference is "
+        "generated from it. Run the docs build from a hasten checkout (git restores the file)."
     )
 
 

@@ -119,7 +119,7 @@ def test_documented_name_has_documented_signature(entry: dict[str, Any]) -> None
         return
     actual = _parameters(obj)
     documented_names = [p["name"] for p in entry["params"]]
-    # Accelerate 1.15 (shared/accelerate-surface.json) appended a few optional parameters to
+    # Accelerate 1.15 (tests/compat/accelerate-surface.json) appended a few optional parameters to
     # what the seed pages document (DeepSpeedPlugin's msamp fields): calls written against the
     # documented signature keep working, so trailing extras with defaults are allowed.
     assert [p.name for p in actual][: len(documented_names)] == documented_names
