@@ -13,17 +13,16 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from torch import nn
 
 from hasten.checkpointing.layouts.base import (
     CheckpointContents,
     CheckpointLayout,
     LayoutLoad,
     LayoutSave,
+    PreparedObjects,
 )
 from hasten.checkpointing.storage import paths
 from hasten.checkpointing.storage.agreement import agree_on_outcome
@@ -36,7 +35,7 @@ from hasten.strategies.checkpoints import EngineCheckpoint
 __all__ = ["EngineLayout", "load_engine_checkpoint"]
 
 
-class EngineLayout(CheckpointLayout):
+class EngineLayout(CheckpointLayout[None]):
     """The engine writes and reads its models, optimizers and schedulers (see the module).
 
     Args:
@@ -48,21 +47,10 @@ class EngineLayout(CheckpointLayout):
     def __init__(self, strategy: EngineCheckpoint) -> None:
         self.strategy = strategy
 
-    def contents(
-        self,
-        *,
-        models: Sequence[nn.Module],
-        optimizers: Sequence[Any],
-        schedulers: Sequence[Any],
-        dataloaders: Sequence[Any],
-        custom_objects: Sequence[Any],
-        scaler: Any | None,
-        for_save: bool,
-        mid_cycle: bool = False,
-    ) -> CheckpointContents:
+    def contents(self, prepared: PreparedObjects, *, for_save: bool) -> CheckpointContents:
         """The data loaders and custom objects: the engine holds models, optimizers and
         schedulers itself. A save inside an accumulation cycle warns."""
-        if for_save and mid_cycle:
+        if for_save and prepared.mid_cycle:
             warnings.warn(
                 "save_state() in the middle of a DeepSpeed accumulation cycle: DeepSpeed's "
                 "checkpoint does not hold the partly accumulated gradients, so after a "
@@ -74,13 +62,15 @@ class EngineLayout(CheckpointLayout):
                 stacklevel=4,
             )
         return CheckpointContents(
-            prepared_models=list(models),
-            dataloaders=list(dataloaders),
-            custom_objects=list(custom_objects),
-            layout=self,
+            prepared_models=list(prepared.models),
+            dataloaders=list(prepared.dataloaders),
+            custom_objects=list(prepared.custom_objects),
         )
 
-    def write(self, save: LayoutSave) -> Callable[[], None] | None:
+    def plan(self, save: LayoutSave) -> None:
+        """Nothing: the engine writes its files in `write`."""
+
+    def write(self, save: LayoutSave, staged: None) -> Callable[[], None] | None:
         """The engine writes its files through hasten's writer (copies them, when asynchronous).
 
         Every process's staging folder exists (`require_one_folder` made sure it is the same

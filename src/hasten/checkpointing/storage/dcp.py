@@ -4,7 +4,7 @@ Writes always go through the crash-safe path: staged in a hidden folder, every f
 DCP writes it (`PartedWriter`), listed in a manifest, published by one rename.
 
 - `write_parts` is one DCP save of several part folders inside a staging folder (save_state's
-  models and optimizers, `hasten.checkpointing.layouts.parts`); `read_parts` the matching load,
+  models and optimizers, `hasten.checkpointing.layouts.dcp_parts`); `read_parts` the matching load,
   verified against the checkpoint's manifest (`PartedReader`).
 - `save_folder` / `load_folder` are one DCP checkpoint folder on its own (Accelerate's
   ``save_fsdp_model`` / ``save_fsdp_optimizer``, ``save_sharded_state``): the same writer, with
@@ -19,7 +19,6 @@ when a DCP checkpoint is saved or loaded (it imports ``torch.distributed.checkpo
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
-from hasten.checkpointing.storage.agreement import agree_on_outcome, next_token, require_one_folder
+from hasten.checkpointing.storage.agreement import next_token
 from hasten.checkpointing.storage.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
 from hasten.checkpointing.storage.dcp_storage import PartedReader, PartedWriter
 from hasten.checkpointing.storage.io import UnsafeCheckpointError
@@ -39,8 +38,8 @@ from hasten.checkpointing.storage.manifest import (
     FileRecord,
     read_manifest,
 )
-from hasten.checkpointing.storage.writer import SavePlan, run_plan
-from hasten.ops.comm import current_comm
+from hasten.checkpointing.storage.transaction import save_transaction
+from hasten.checkpointing.storage.writer import SavePlan
 from hasten.state import PartialState
 
 __all__ = [
@@ -225,29 +224,13 @@ def save_folder(
         token=next_token(),
     )
     plan.extra = {"num_processes": state.num_processes}
-    failure: Exception | None = None
-    try:
-        plan.agreement.claim()
-    except OSError as exc:
-        failure = OSError(exc.errno, f"Cannot make the checkpoint folder: {exc}")
-    require_one_folder(plan.agreement, "A sharded checkpoint", failure)
-    try:
+    with save_transaction(plan, one_folder="A sharded checkpoint") as transaction:
         mine, everyone = write_parts(
             plan.staging, {_LONE: state_dict}, folders={_LONE: ""}, group=process_group
         )
-    except Exception as exc:  # noqa: BLE001 - nothing is published; every process raises
-        shutil.rmtree(plan.staging, ignore_errors=True)
-        agree_on_outcome(exc)
-        raise
-    plan.prewritten = everyone if plan.rank == 0 else mine
-    plan.collected = True
-    plan.comm = current_comm()
-    try:
-        run_plan(plan)
-    except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
-        agree_on_outcome(exc)
-        raise
-    agree_on_outcome(None)  # published before any process goes on
+        plan.prewritten = everyone if plan.rank == 0 else mine
+        plan.collected = True
+        transaction.publish()
     return final
 
 

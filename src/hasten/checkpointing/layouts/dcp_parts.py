@@ -1,6 +1,6 @@
 """The sharded parts of a save_state checkpoint: models and optimizers in DCP folders.
 
-With the sharded layout (`hasten.checkpointing.layouts.sharded`), each model's and optimizer's
+With the sharded layout (`hasten.checkpointing.layouts.dcp_shards`), each model's and optimizer's
 sharded state dict (``strategy.model_state_dict(full=False)``: DTensor shards keyed by parameter
 name) goes into its own DCP folder inside the checkpoint's staging folder -- Accelerate's names,
 ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` -- with every process writing its
