@@ -297,7 +297,9 @@ def _load_contents(
         return {"step": _load_rng(files, _read_rng(files), strict)}
 
 
-def _start_part(files: CheckpointReader, name: str, where: Any) -> PendingRead | Exception:
+def _start_part(
+    files: CheckpointReader, name: str, where: str | torch.device
+) -> PendingRead | Exception:
     """Start loading one stateful part; a failure is returned, to be raised in its turn."""
     try:
         return files.start_unpickle(name, where)

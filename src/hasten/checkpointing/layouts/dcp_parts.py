@@ -32,6 +32,7 @@ from hasten.optimizer import unwrap_optimizer
 from hasten.strategies.checkpoints import ShardedStateDicts, StateDicts
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from torch.distributed.checkpoint.metadata import Metadata
 
 __all__ = [
@@ -44,7 +45,9 @@ __all__ = [
 ]
 
 
-def optimizer_owner(optimizer: Any, models: Sequence[torch.nn.Module]) -> torch.nn.Module:
+def optimizer_owner(
+    optimizer: torch.optim.Optimizer, models: Sequence[torch.nn.Module]
+) -> torch.nn.Module:
     """The prepared model whose parameters ``optimizer`` updates.
 
     Raises:
@@ -144,7 +147,7 @@ class StagedParts:
     copies: dict[str, Any]
     deferred: dict[str, Any]  # part -> its param_groups, copied now; the state comes later
 
-    def write(self, plan: SavePlan, snapshot: Snapshot | None, group: Any) -> None:
+    def write(self, plan: SavePlan, snapshot: Snapshot | None, group: ProcessGroup | None) -> None:
         """Write every part through DCP (the other files meanwhile), adopting the records."""
         if snapshot is not None:
             snapshot.take()

@@ -50,7 +50,7 @@ def optimizer_jobs(save: LayoutSave) -> list[FileJob]:
     return jobs
 
 
-def _current(optimizer: Any) -> Any:
+def _current(optimizer: torch.optim.Optimizer) -> Any:
     """The optimizer's live state dict to read into, or None if it cannot give one cheaply."""
     try:
         return optimizer.state_dict()
@@ -65,14 +65,20 @@ class InPlaceOptimizers:
         self.strategy = strategy
 
     def start(
-        self, files: CheckpointReader, index: int, optimizer: Any, where: str | torch.device
+        self,
+        files: CheckpointReader,
+        index: int,
+        optimizer: torch.optim.Optimizer,
+        where: str | torch.device,
     ) -> PendingRead:
         """Start reading optimizer ``index`` into its live state tensors."""
         # its state tensors are replaced by the loaded ones anyway, so large files are read
         # into them in place (see hasten.checkpointing.storage.scatter)
         return files.start_unpickle(paths.optimizer_file(index), where, like=_current(optimizer))
 
-    def apply(self, optimizer: Any, state: dict[str, Any], prepared: Sequence[nn.Module]) -> None:
+    def apply(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any], prepared: Sequence[nn.Module]
+    ) -> None:
         """Load one optimizer's state; one keyed by parameter name (a sharding engine's full
         state) is numbered in this optimizer's order first (see `by_position`)."""
         if keyed_by_name(state):
@@ -89,12 +95,18 @@ class StrategyOptimizers:
         self.strategy = strategy
 
     def start(
-        self, files: CheckpointReader, index: int, optimizer: Any, where: str | torch.device
+        self,
+        files: CheckpointReader,
+        index: int,
+        optimizer: torch.optim.Optimizer,
+        where: str | torch.device,
     ) -> PendingRead:
         """Start reading optimizer ``index`` into new memory."""
         return files.start_unpickle(paths.optimizer_file(index), where)
 
-    def apply(self, optimizer: Any, state: dict[str, Any], prepared: Sequence[nn.Module]) -> None:
+    def apply(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any], prepared: Sequence[nn.Module]
+    ) -> None:
         """Load the full state through the strategy (which shards it)."""
         owner = optimizer_owner(optimizer, prepared)
         self.strategy.load_optimizer_state_dict(owner, optimizer, state, full=True)

@@ -118,11 +118,15 @@ class OptimizerRestore(Protocol):
     """How a layout puts a whole optimizer file back (`optimizer_files.InPlaceOptimizers`, ...)."""
 
     def start(
-        self, files: CheckpointReader, index: int, optimizer: Any, where: str | torch.device
+        self,
+        files: CheckpointReader,
+        index: int,
+        optimizer: torch.optim.Optimizer,
+        where: str | torch.device,
     ) -> PendingRead: ...
 
     def apply(
-        self, optimizer: Any, state: dict[str, Any], prepared: Sequence[nn.Module]
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any], prepared: Sequence[nn.Module]
     ) -> None: ...
 
 
@@ -139,7 +143,11 @@ class Restore:
 
 
 def _start_optimizer(
-    restore: Restore, files: CheckpointReader, index: int, optimizer: Any, where: str | torch.device
+    restore: Restore,
+    files: CheckpointReader,
+    index: int,
+    optimizer: torch.optim.Optimizer,
+    where: str | torch.device,
 ) -> PendingRead | Exception:
     """Start reading optimizer ``index``; a failure is returned, to be raised in its turn."""
     try:

@@ -65,7 +65,7 @@ def write_parts(
     parts: dict[str, dict[str, Any]],
     *,
     folders: dict[str, str] | None = None,
-    group: Any = None,
+    group: dist.ProcessGroup | None = None,
     also: Callable[[], list[FileRecord]] | None = None,
 ) -> tuple[list[FileRecord], list[FileRecord]]:
     """Write every part with one DCP save; every process calls it, once the folders exist.
@@ -109,7 +109,7 @@ def read_parts(
     folders: dict[str, str] | None = None,
     check: Callable[[Metadata], None] | None = None,
     explain: Callable[[BaseException], BaseException] | None = None,
-    process_group: Any = None,
+    process_group: dist.ProcessGroup | None = None,
     no_dist: bool | None = None,
 ) -> None:
     """Fill ``state`` (``{part: state dict}``) from the part folders of ``folder``, in one DCP load.
@@ -144,7 +144,7 @@ def _load(
     state: dict[str, Any],
     reader: SafeFileSystemReader,
     *,
-    process_group: Any,
+    process_group: dist.ProcessGroup | None,
     no_dist: bool,
     explain: Callable[[BaseException], BaseException] | None = None,
 ) -> None:
@@ -180,7 +180,7 @@ def _refusal(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _require_every_process(process_group: Any, num_processes: int) -> None:
+def _require_every_process(process_group: dist.ProcessGroup | None, num_processes: int) -> None:
     """Refuse a save by a subgroup: a folder's save agrees over every process of the run (who
     writes which file, then the publish), so a subgroup's save would wait on processes that
     never call it."""
@@ -197,7 +197,10 @@ def _require_every_process(process_group: Any, num_processes: int) -> None:
 
 
 def save_folder(
-    state_dict: dict[str, Any], output_dir: str | os.PathLike[str], *, process_group: Any = None
+    state_dict: dict[str, Any],
+    output_dir: str | os.PathLike[str],
+    *,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Path:
     """Write ``state_dict`` as one DCP checkpoint folder, crash-safely; every process calls it.
 
@@ -238,7 +241,7 @@ def load_folder(
     state_dict: dict[str, Any],
     input_dir: str | os.PathLike[str],
     *,
-    process_group: Any = None,
+    process_group: dist.ProcessGroup | None = None,
     no_dist: bool | None = None,
 ) -> dict[str, Any]:
     """Fill ``state_dict`` from one DCP checkpoint folder (`save_folder`'s, or any DCP folder).
