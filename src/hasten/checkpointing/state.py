@@ -52,8 +52,10 @@ from hasten.checkpointing.storage.transaction import save_transaction
 from hasten.checkpointing.storage.writer import (
     FileJob,
     HostBuffers,
+    LayoutWritten,
     PendingSave,
     SavePlan,
+    SaveTarget,
     Snapshot,
     pickle_job,
 )
@@ -104,16 +106,17 @@ def save_contents(
     buffers = (host_buffers or HostBuffers()) if async_save else None
     if buffers is not None:
         buffers.begin()
-    plan = SavePlan(
+    target = SaveTarget(
         final=Path(output_dir).absolute(),
         rank=state.process_index,
         num_processes=state.num_processes,
-        is_writer=state.is_local_main_process if save_on_each_node else state.is_main_process,
         token=token,
+        attributes={"step": step, "num_processes": state.num_processes},
         total_limit=total_limit,
         project_dir=project_dir,
     )
-    plan.extra = {"step": step, "num_processes": state.num_processes}
+    writer = state.is_local_main_process if save_on_each_node else state.is_main_process
+    plan = SavePlan(target, is_writer=writer)
     # Optimizer states are copied on the writer thread; their next step waits for that copy.
     deferred = Snapshot(buffers) if buffers is not None else None
     save = LayoutSave(plan, contents, safe_serialization, buffers, deferred)
@@ -141,7 +144,12 @@ def save_contents(
             buffers.finish()  # device copies landed: training may change the originals now
         recorder.note(f"save_state: writing {_names(plan)} into {plan.staging}")
         # collective: DCP, or the engine's own save
-        before = layout.write(save, staged) if planned else None
+        written = layout.write(save, staged) if planned else LayoutWritten()
+        before = None
+        if isinstance(written, LayoutWritten):
+            plan.written = written
+        else:
+            before = written  # an asynchronous write, run on the writer thread
         if async_save:  # the agreement runs on the writer thread, over a group of its own
             return transaction.publish_later(background_comm(buffers), deferred, before)
         return transaction.publish()

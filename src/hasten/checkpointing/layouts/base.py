@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from hasten.checkpointing.storage.reader import CheckpointReader
-from hasten.checkpointing.storage.writer import HostBuffers, SavePlan, Snapshot
+from hasten.checkpointing.storage.writer import HostBuffers, LayoutWritten, SavePlan, Snapshot
 from hasten.core.nested import recursively_apply
 
 __all__ = [
@@ -150,13 +150,15 @@ class CheckpointLayout(Generic[StagedT]):
         needs."""
         raise NotImplementedError
 
-    def write(self, save: LayoutSave, staged: StagedT) -> Callable[[], None] | None:
+    def write(
+        self, save: LayoutSave, staged: StagedT
+    ) -> LayoutWritten | Callable[[], LayoutWritten]:
         """Write what every process writes together (DCP, an engine's own save).
 
-        Returns what an asynchronous save's writer thread runs before writing the plan's files
-        (None: nothing beyond the plan).
+        Returns what it wrote (`LayoutWritten`: nothing by default), or for an asynchronous
+        save what the writer thread runs, before writing the plan's files, to write it.
         """
-        return None
+        return LayoutWritten()
 
     def load(self, load: LayoutLoad) -> Callable[[], None]:
         """Start reading the models and optimizers; return the step that puts them in place.

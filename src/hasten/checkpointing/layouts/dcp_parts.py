@@ -27,7 +27,7 @@ import torch
 
 from hasten.checkpointing.layouts.base import on_cpu
 from hasten.checkpointing.storage.paths import sharded_model_dir, sharded_optimizer_dir
-from hasten.checkpointing.storage.writer import SavePlan, Snapshot, write_jobs
+from hasten.checkpointing.storage.writer import LayoutWritten, SavePlan, Snapshot, write_jobs
 from hasten.optimizer import unwrap_optimizer
 from hasten.strategies.checkpoints import ShardedStateDicts, StateDicts
 
@@ -147,8 +147,10 @@ class StagedParts:
     copies: dict[str, Any]
     deferred: dict[str, Any]  # part -> its param_groups, copied now; the state comes later
 
-    def write(self, plan: SavePlan, snapshot: Snapshot | None, group: ProcessGroup | None) -> None:
-        """Write every part through DCP (the other files meanwhile), adopting the records."""
+    def write(
+        self, plan: SavePlan, snapshot: Snapshot | None, group: ProcessGroup | None
+    ) -> LayoutWritten:
+        """Write every part through DCP (the plan's other files meanwhile); return the records."""
         if snapshot is not None:
             snapshot.take()
         parts = dict(self.copies)
@@ -161,8 +163,8 @@ class StagedParts:
         mine, everyone = write_parts(
             plan.staging, parts, group=group, also=lambda: write_jobs(plan)
         )
-        plan.prewritten = everyone if plan.rank == 0 else mine
-        plan.collected = True
+        records = everyone if plan.rank == 0 else mine
+        return LayoutWritten(records=records, collected=True, jobs_written=True)
 
 
 def stage_sharded(

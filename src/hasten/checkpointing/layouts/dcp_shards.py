@@ -26,6 +26,7 @@ from hasten.checkpointing.layouts.model_files import StrategyModels, warn_unsave
 from hasten.checkpointing.layouts.optimizer_files import StrategyOptimizers
 from hasten.checkpointing.layouts.read import Restore, read_from_disk
 from hasten.checkpointing.storage.agreement import background_group
+from hasten.checkpointing.storage.writer import LayoutWritten
 from hasten.state import PartialState
 from hasten.strategies.checkpoints import ShardedStateDicts
 
@@ -56,7 +57,9 @@ class ShardedLayout(CheckpointLayout[StagedParts]):
             self.strategy, contents.modules, contents.optimizers, save.copy, save.deferred
         )
 
-    def write(self, save: LayoutSave, staged: StagedParts) -> Callable[[], None] | None:
+    def write(
+        self, save: LayoutSave, staged: StagedParts
+    ) -> LayoutWritten | Callable[[], LayoutWritten]:
         """Every process writes its shards (the other files meanwhile); asynchronously, on the
         writer thread over a process group of its own. A failure propagates on every process
         (DCP fails on all of them); the save transaction cleans up and agrees."""
@@ -67,8 +70,7 @@ class ShardedLayout(CheckpointLayout[StagedParts]):
             group = background_group(save.buffers)
             deferred = save.deferred
             return lambda: staged.write(plan, deferred, group)
-        staged.write(plan, None, None)
-        return None
+        return staged.write(plan, None, None)
 
     def load(self, load: LayoutLoad) -> Callable[[], None]:
         """Start reading what is on disk (one DCP load for the parts, in the returned step)."""

@@ -28,7 +28,13 @@ from hasten.checkpointing.storage import paths
 from hasten.checkpointing.storage.agreement import agree_on_outcome
 from hasten.checkpointing.storage.engine_files import EngineFiles, EngineReads, files_to_verify
 from hasten.checkpointing.storage.manifest import CorruptCheckpointError
-from hasten.checkpointing.storage.writer import FileJob, SavePlan, start_adopting, start_jobs
+from hasten.checkpointing.storage.writer import (
+    FileJob,
+    LayoutWritten,
+    SavePlan,
+    start_adopting,
+    start_jobs,
+)
 from hasten.state import PartialState
 from hasten.strategies.checkpoints import EngineCheckpoint
 
@@ -70,7 +76,7 @@ class EngineLayout(CheckpointLayout[None]):
     def plan(self, save: LayoutSave) -> None:
         """Nothing: the engine writes its files in `write`."""
 
-    def write(self, save: LayoutSave, staged: None) -> Callable[[], None] | None:
+    def write(self, save: LayoutSave, staged: None) -> LayoutWritten:
         """The engine writes its files through hasten's writer (copies them, when asynchronous).
 
         Every process's staging folder exists (`require_one_folder` made sure it is the same
@@ -78,24 +84,31 @@ class EngineLayout(CheckpointLayout[None]):
         to write a file is reported in the agreement every process joins after writing.
         """
         plan, buffers = save.plan, save.buffers
+        started = None
         if buffers is not None:
             files = EngineFiles(plan.staging, buffers.copy)
         else:
             files = EngineFiles(plan.staging)
-            start_jobs(plan)
+            started = start_jobs(plan.staging, plan.jobs)
         try:
             self.strategy.save_checkpoint(plan.staging, files)
         except BaseException:
             shutil.rmtree(plan.staging, ignore_errors=True)
             raise
+        later: list[FileJob] = []
+        adopting = []
         if buffers is not None:
-            plan.jobs += [FileJob(name, write) for name, write in files.jobs()]
+            later = [FileJob(name, write) for name, write in files.jobs()]
             buffers.finish()  # device copies of the engine's state landed
         elif plan.is_writer:
-            start_adopting(plan, _engine_written_top_level(plan))
-        plan.engine_files = files
-        plan.adopt_unlisted = True
-        return None
+            adopting = start_adopting(plan.staging, _engine_written_top_level(plan))
+        return LayoutWritten(
+            engine_files=files,
+            adopt_unlisted=True,
+            started=started,
+            adopting=adopting,
+            later=later,
+        )
 
     def load(self, load: LayoutLoad) -> Callable[[], None]:
         """Verify every engine file on every process, then let the engine load them."""

@@ -39,7 +39,7 @@ from hasten.checkpointing.storage.manifest import (
     read_manifest,
 )
 from hasten.checkpointing.storage.transaction import save_transaction
-from hasten.checkpointing.storage.writer import SavePlan
+from hasten.checkpointing.storage.writer import LayoutWritten, SavePlan, SaveTarget
 from hasten.state import PartialState
 
 __all__ = [
@@ -219,20 +219,20 @@ def save_folder(
     state = PartialState()
     _require_every_process(process_group, state.num_processes)
     final = Path(output_dir).absolute()
-    plan = SavePlan(
+    target = SaveTarget(
         final=final,
         rank=state.process_index,
         num_processes=state.num_processes,
-        is_writer=state.is_main_process,
         token=next_token(),
+        attributes={"num_processes": state.num_processes},
     )
-    plan.extra = {"num_processes": state.num_processes}
+    plan = SavePlan(target, is_writer=state.is_main_process)
     with save_transaction(plan, one_folder="A sharded checkpoint") as transaction:
         mine, everyone = write_parts(
             plan.staging, {_LONE: state_dict}, folders={_LONE: ""}, group=process_group
         )
-        plan.prewritten = everyone if plan.rank == 0 else mine
-        plan.collected = True
+        records = everyone if plan.rank == 0 else mine
+        plan.written = LayoutWritten(records=records, collected=True)
         transaction.publish()
     return final
 

@@ -18,7 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hasten.checkpointing.storage.agreement import agree_on_outcome, require_one_folder
-from hasten.checkpointing.storage.writer import PendingSave, SavePlan, Snapshot, run_plan
+from hasten.checkpointing.storage.writer import (
+    LayoutWritten,
+    PendingSave,
+    SavePlan,
+    Snapshot,
+    run_plan,
+)
 from hasten.ops.comm import Communicator, current_comm
 from hasten.state import PartialState, recorder
 
@@ -51,7 +57,7 @@ class SaveTransaction:
         self,
         comm: Communicator | None,
         snapshot: Snapshot | None,
-        before: Callable[[], None] | None,
+        before: Callable[[], LayoutWritten] | None,
     ) -> PendingSave:
         """Write and publish on a writer thread, agreeing over ``comm`` (a group of its own);
         `hasten.checkpointing.state.finish_async_save` joins it and agrees on the outcome."""

@@ -11,21 +11,20 @@ from _support.distributed import run_distributed
 from hasten.checkpointing.storage.agreement import next_token
 from hasten.checkpointing.storage.manifest import read_manifest
 from hasten.checkpointing.storage.transaction import save_transaction
-from hasten.checkpointing.storage.writer import SavePlan, pickle_job
+from hasten.checkpointing.storage.writer import SavePlan, SaveTarget, pickle_job
 from hasten.state import PartialState
 
 
 def _plan(final: Path) -> SavePlan:
     state = PartialState()
-    plan = SavePlan(
+    target = SaveTarget(
         final=final.absolute(),
         rank=state.process_index,
         num_processes=state.num_processes,
-        is_writer=state.is_main_process,
         token=next_token(),
+        attributes={"num_processes": state.num_processes},
     )
-    plan.extra = {"num_processes": state.num_processes}
-    return plan
+    return SavePlan(target, is_writer=state.is_main_process)
 
 
 def _leftovers(root: Path) -> list[str]:
