@@ -8,7 +8,7 @@ they differ in how a load puts them back: `InPlaceModels` reads into the live te
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -39,7 +39,11 @@ def model_jobs(states: Sequence[dict[str, torch.Tensor]], safe: bool) -> list[Fi
     ]
 
 
-def gradient_jobs(models: Sequence[nn.Module], rank: int, copy: object) -> list[FileJob]:
+def gradient_jobs(
+    models: Sequence[nn.Module],
+    rank: int,
+    copy: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+) -> list[FileJob]:
     """Gradients this process holds (accumulated, not yet stepped): one file per model.
 
     Saved only when present, so a checkpoint taken mid-accumulation resumes bitwise; each
@@ -49,7 +53,7 @@ def gradient_jobs(models: Sequence[nn.Module], rank: int, copy: object) -> list[
     for index, model in enumerate(models):
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         if grads:
-            jobs.append(safetensors_job(paths.gradients_file(index, rank), copy(grads)))  # type: ignore[operator]
+            jobs.append(safetensors_job(paths.gradients_file(index, rank), copy(grads)))
     return jobs
 
 
