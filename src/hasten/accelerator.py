@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from hasten.checkpointing import CheckpointContents, CheckpointManager
+    from hasten.checkpointing.layouts.base import CheckpointLayout
     from hasten.config.deepspeed import DeepSpeedPlugin
     from hasten.config.enums import DynamoBackend
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
@@ -1341,20 +1342,24 @@ class Accelerator:
         """Call ``hook(models, input_dir)`` before each load; returns a removable handle."""
         return self._checkpoints.register_load_state_pre_hook(hook)
 
-    def _checkpoint_contents(self, for_save: bool) -> CheckpointContents:
-        """What this save_state/load_state holds, as the strategy's checkpoint layout takes it."""
+    def _checkpoint_contents(
+        self, for_save: bool
+    ) -> tuple[CheckpointLayout[Any], CheckpointContents]:
+        """The strategy's checkpoint layout and what this save_state/load_state holds for it."""
+        from hasten.checkpointing.layouts.base import PreparedObjects
         from hasten.checkpointing.layouts.factory import checkpoint_layout
 
-        return checkpoint_layout(self.strategy).contents(
+        layout = checkpoint_layout(self.strategy)
+        prepared = PreparedObjects(
             models=self._models,
             optimizers=self._optimizers,
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,
             custom_objects=self._custom_objects,
             scaler=self.scaler,
-            for_save=for_save,
             mid_cycle=not self.sync_gradients,
         )
+        return layout, layout.contents(prepared, for_save=for_save)
 
     def save_state(
         self,
@@ -1371,10 +1376,12 @@ class Accelerator:
         for the copy); the next save, load or `end_training` waits for the write. Returns the
         folder.
         """
+        layout, contents = self._checkpoint_contents(for_save=True)
         return self._checkpoints.save_state(
             output_dir,
-            self._checkpoint_contents(for_save=True),
+            contents,
             list(self._models),
+            layout=layout,
             step=self.step,  # mid-cycle saves resume the accumulation count
             safe_serialization=safe_serialization,
             async_save=async_save,
@@ -1396,9 +1403,11 @@ class Accelerator:
 
         # Accelerate takes map_location among the keyword arguments (None, "cpu", "on_device")
         where = load_model_func_kwargs.pop("map_location", (load_kwargs or {}).get("map_location"))
+        layout, contents = self._checkpoint_contents(for_save=False)
         attributes = self._checkpoints.load_state(
             input_dir,
-            self._checkpoint_contents(for_save=False),
+            contents,
+            layout=layout,
             map_location=optimizer_map_location(where),
             strict=strict,
         )

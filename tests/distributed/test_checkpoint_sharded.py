@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from _support.distributed import run_distributed
-from hasten.checkpointing.sharded import load_sharded_state
+from hasten.checkpointing.dcp_folders import load_sharded_state
 from hasten.checkpointing.storage.manifest import MANIFEST_NAME
 
 pytestmark = pytest.mark.distributed
@@ -28,7 +28,7 @@ def _save_sharded(folder: str) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from hasten.checkpointing.sharded import full_tensor, save_sharded_state
+    from hasten.checkpointing.dcp_folders import full_tensor, save_sharded_state
     from hasten.state import PartialState
 
     state = PartialState()
@@ -73,7 +73,7 @@ def test_missing_sharded_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_one_process_round_trip_is_published_atomically(tmp_path: Path) -> None:
-    from hasten.checkpointing.sharded import is_sharded_checkpoint, save_sharded_state
+    from hasten.checkpointing.dcp_folders import is_sharded_checkpoint, save_sharded_state
     from hasten.state._shared import reset_state
 
     reset_state()
@@ -88,7 +88,7 @@ def test_one_process_round_trip_is_published_atomically(tmp_path: Path) -> None:
 def _save_with_groups(folder: str) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from hasten.checkpointing.sharded import save_sharded_state
+    from hasten.checkpointing.dcp_folders import save_sharded_state
     from hasten.state import PartialState
 
     state = PartialState()

@@ -252,7 +252,7 @@ def test_a_shared_parent_folder_is_checked_once_and_mixed_folders_still_refused(
 
 def _standalone_sharded_into_own_folders(root: str) -> list[str]:
     from hasten import Accelerator
-    from hasten.checkpointing.sharded import save_sharded_state
+    from hasten.checkpointing.dcp_folders import save_sharded_state
     from hasten.checkpointing.storage.agreement import FolderNotSharedError
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
     from hasten.utils.fsdp_utils import save_fsdp_model, save_fsdp_optimizer

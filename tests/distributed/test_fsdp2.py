@@ -231,7 +231,7 @@ def _crafted_checkpoints(folder: Path, accelerator: Any, tmp_path: Path) -> None
 
     import torch.distributed.checkpoint as dcp
 
-    from hasten.checkpointing.layouts.parts import sharded_state_dicts
+    from hasten.checkpointing.layouts.dcp_parts import sharded_state_dicts
     from hasten.checkpointing.storage.io import UnsafeCheckpointError
 
     marker = tmp_path / "ran"

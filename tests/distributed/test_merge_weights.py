@@ -25,7 +25,7 @@ def _save(folder: str, with_optimizer: bool) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from hasten.checkpointing.sharded import save_sharded_state
+    from hasten.checkpointing.dcp_folders import save_sharded_state
     from hasten.state import PartialState
 
     state = PartialState()

@@ -20,7 +20,7 @@ _TABLE: dict[str, list[str]] = {
         "save_accelerator_state",
         "save_custom_state",
     ],
-    "hasten.checkpointing.sharded": ["load_sharded_state", "save_sharded_state"],
+    "hasten.checkpointing.dcp_folders": ["load_sharded_state", "save_sharded_state"],
 }
 
 __getattr__, __dir__ = lazy_namespace(__name__, _TABLE, globals())

@@ -78,7 +78,7 @@ def _local_file(index: int) -> str:
     return f"{stem}_rank{rank}.bin"
 
 
-def _local_state(model: Any) -> tuple[Any, dict[str, Any]]:
+def _local_state(model: torch.nn.Module) -> tuple[Any, dict[str, Any]]:
     """The FSDP1 root of ``model`` and its LOCAL_STATE_DICT (this process's flat shards)."""
     from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
@@ -99,14 +99,14 @@ def _plain(value: Any) -> Any:
     return local().detach() if callable(local) else value
 
 
-def _save_local(model: Any, path: Path) -> None:
+def _save_local(model: torch.nn.Module, path: Path) -> None:
     _, state = _local_state(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as handle:
         torch.save({k: _plain(v) for k, v in state.items()}, cast(BinaryIO, handle))
 
 
-def _load_local(model: Any, path: Path) -> None:
+def _load_local(model: torch.nn.Module, path: Path) -> None:
     """Put this process's saved flat shards back (same number of processes, same wrapping)."""
     from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 
@@ -141,7 +141,7 @@ def _full_file(stem: str, index: int) -> str:
     return f"{stem}.bin" if index == 0 else f"{stem}_{index}.bin"
 
 
-def _adapter_refused(adapter_only: bool, model: Any) -> None:
+def _adapter_refused(adapter_only: bool, model: torch.nn.Module) -> None:
     """As in Accelerate, ``adapter_only`` matters only for a PEFT model (transformers' Trainer
     passes True for every model); for one, hasten cannot yet save or load the adapter alone."""
     if adapter_only and is_peft_model(model):
@@ -169,8 +169,8 @@ def _dcp_load(state: dict[str, Any], folder: Path) -> None:
 def save_fsdp_model(
     fsdp_plugin: FullyShardedDataParallelPlugin | None,
     accelerator: FSDPRunView,
-    model: Any,
-    output_dir: Any,
+    model: torch.nn.Module,
+    output_dir: str | os.PathLike[str],
     model_index: int = 0,
     adapter_only: bool = False,
     use_dcp: bool = True,
@@ -193,8 +193,8 @@ def save_fsdp_model(
 def load_fsdp_model(
     fsdp_plugin: FullyShardedDataParallelPlugin | None,
     accelerator: FSDPRunView,
-    model: Any,
-    input_dir: Any,
+    model: torch.nn.Module,
+    input_dir: str | os.PathLike[str],
     model_index: int = 0,
     adapter_only: bool = False,
     use_dcp: bool = True,
@@ -218,9 +218,9 @@ def load_fsdp_model(
 def save_fsdp_optimizer(
     fsdp_plugin: FullyShardedDataParallelPlugin | None,
     accelerator: FSDPRunView,
-    optimizer: Any,
-    model: Any,
-    output_dir: Any,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    output_dir: str | os.PathLike[str],
     optimizer_index: int = 0,
     use_dcp: bool = True,
 ) -> None:
@@ -238,9 +238,9 @@ def save_fsdp_optimizer(
 def load_fsdp_optimizer(
     fsdp_plugin: FullyShardedDataParallelPlugin | None,
     accelerator: FSDPRunView,
-    optimizer: Any,
-    model: Any,
-    input_dir: Any,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    input_dir: str | os.PathLike[str],
     optimizer_index: int = 0,
     adapter_only: bool = False,
     use_dcp: bool = True,

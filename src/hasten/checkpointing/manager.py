@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from hasten.checkpointing.layouts.base import CheckpointLayout
 from hasten.checkpointing.preemption import PreemptionWatcher
 from hasten.checkpointing.state import (
     CheckpointContents,
@@ -164,6 +165,7 @@ class CheckpointManager:
         contents: CheckpointContents,
         models: list[torch.nn.Module],
         *,
+        layout: CheckpointLayout[Any] | None = None,
         step: int,
         safe_serialization: bool = True,
         async_save: bool = False,
@@ -182,6 +184,7 @@ class CheckpointManager:
         result = save_contents(
             target,
             contents,
+            layout=layout,
             step=step,
             safe_serialization=safe_serialization,
             save_on_each_node=config.save_on_each_node,
@@ -218,7 +221,8 @@ class CheckpointManager:
         input_dir: str | os.PathLike[str] | None,
         contents: CheckpointContents,
         *,
-        map_location: Any = "cpu",
+        layout: CheckpointLayout[Any] | None = None,
+        map_location: str | torch.device = "cpu",
         strict: bool = True,
     ) -> dict[str, Any]:
         """Load a checkpoint into ``contents``; return its saved attributes (``step``)."""
@@ -226,7 +230,9 @@ class CheckpointManager:
         folder = self._load_dir(input_dir)
         for hook in self._load_hooks.values():
             hook(contents.models, str(folder))
-        attributes = load_contents(folder, contents, map_location=map_location, strict=strict)
+        attributes = load_contents(
+            folder, contents, layout=layout, map_location=map_location, strict=strict
+        )
         number = paths.checkpoint_number(folder)
         if self.project_config.automatic_checkpoint_naming and number is not None:
             # The next automatic save goes after the loaded one, not over it.

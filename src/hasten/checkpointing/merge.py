@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hasten.checkpointing.sharded import SHARDED_METADATA, is_sharded_checkpoint
+from hasten.checkpointing.dcp_folders import SHARDED_METADATA, is_sharded_checkpoint
 from hasten.checkpointing.storage.io import save
 from hasten.core.constants import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from hasten.state import PartialState

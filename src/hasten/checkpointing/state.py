@@ -27,14 +27,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hasten.checkpointing.layouts.base import (
     CheckpointContents,
     CheckpointLayout,
     LayoutLoad,
     LayoutSave,
+    StagedT,
     warn_or_raise,
 )
-from hasten.checkpointing.layouts.factory import layout_of
+from hasten.checkpointing.layouts.factory import default_layout
 from hasten.checkpointing.rng import capture_rng_state, has_saved_rng_state, restore_rng_state
 from hasten.checkpointing.storage import paths
 from hasten.checkpointing.storage.agreement import (
@@ -42,21 +45,21 @@ from hasten.checkpointing.storage.agreement import (
     background_comm,
     missing_files,
     next_token,
-    require_one_folder,
 )
 from hasten.checkpointing.storage.manifest import CorruptCheckpointError, read_manifest
 from hasten.checkpointing.storage.reader import CheckpointReader, PendingRead
+from hasten.checkpointing.storage.transaction import save_transaction
 from hasten.checkpointing.storage.writer import (
     FileJob,
     HostBuffers,
+    LayoutWritten,
     PendingSave,
     SavePlan,
+    SaveTarget,
     Snapshot,
     pickle_job,
-    run_plan,
 )
 from hasten.core.errors import CheckpointNotFoundError
-from hasten.ops.comm import current_comm
 from hasten.state import PartialState, recorder
 
 __all__ = [
@@ -74,6 +77,7 @@ def save_contents(
     output_dir: str | os.PathLike[str],
     contents: CheckpointContents,
     *,
+    layout: CheckpointLayout[Any] | None = None,
     step: int = 0,
     safe_serialization: bool = True,
     save_on_each_node: bool = False,
@@ -85,7 +89,9 @@ def save_contents(
 ) -> Path | PendingSave:
     """Write a complete checkpoint of ``contents`` to ``output_dir`` on every process together.
 
-    Every process must call this. Synchronously it returns the final folder once it is
+    Every process must call this. ``layout`` writes the models and optimizers (None: the
+    replicated layout over the base strategy, Accelerate's positional
+    ``save_accelerator_state``). Synchronously it returns the final folder once it is
     published everywhere. With ``async_save`` it returns a `PendingSave` as soon as the state is
     copied to host memory; the files are written and published on a background thread.
     ``total_limit`` (with ``project_dir``) prunes the oldest automatic checkpoints after publishing.
@@ -94,96 +100,73 @@ def save_contents(
     before anything is written: the files they leave there are published with the checkpoint
     (and listed in its manifest), and model states they remove are not saved.
     """
-    layout = layout_of(contents)
+    layout = layout if layout is not None else default_layout()
     state = PartialState()
     token = next_token()  # every process, first: the save's name and staging folder
     buffers = (host_buffers or HostBuffers()) if async_save else None
     if buffers is not None:
         buffers.begin()
-    plan = SavePlan(
+    target = SaveTarget(
         final=Path(output_dir).absolute(),
         rank=state.process_index,
         num_processes=state.num_processes,
-        is_writer=state.is_local_main_process if save_on_each_node else state.is_main_process,
         token=token,
+        attributes={"step": step, "num_processes": state.num_processes},
         total_limit=total_limit,
         project_dir=project_dir,
     )
-    plan.extra = {"step": step, "num_processes": state.num_processes}
+    writer = state.is_local_main_process if save_on_each_node else state.is_main_process
+    plan = SavePlan(target, is_writer=writer)
     # Optimizer states are copied on the writer thread; their next step waits for that copy.
     deferred = Snapshot(buffers) if buffers is not None else None
     save = LayoutSave(plan, contents, safe_serialization, buffers, deferred)
-    _claim_staging(plan, layout, save_on_each_node)
-    try:
-        if pre_hooks is not None and plan.failure is None:
-            # the user's save pre-hooks write into the staging folder: their files are
-            # published with the checkpoint (listed by the folder's owner), and model states
-            # they remove are not saved
-            pre_hooks(plan.staging)
-            plan.adopt_unlisted = True
-        _plan_jobs(save, layout, step)
-    except Exception as exc:  # noqa: BLE001 - the agreement tells every process, then raises
-        if layout.needs_one_folder is not None:
-            raise
-        plan.failure, plan.jobs = exc, []
-    if buffers is not None:
-        buffers.finish()  # device copies landed: training may change the originals now
-    recorder.note(f"save_state: writing {_names(plan)} into {plan.staging}")
-    before = layout.write(save)  # collective: DCP, or the engine's own save
-    if async_save:  # the agreement runs on the writer thread, over a group of its own
-        plan.comm = background_comm(buffers)
-        return PendingSave(plan, deferred, before=before)
-    plan.comm = current_comm()
-    try:
-        final = run_plan(plan)
-    except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
-        agree_on_outcome(exc)
-        raise
-    agree_on_outcome(None)  # published before any process goes on
-    return final
-
-
-def _claim_staging(plan: SavePlan, layout: CheckpointLayout, save_on_each_node: bool) -> None:
-    """Make this process's staging folder, claim it, and settle whether it writes the shared files.
-
-    Sharded and engine checkpoints need one folder every process writes: refused on every
-    process before anything is written otherwise, and then only the main process writes the
-    shared files. With ``save_on_each_node``, of several machines' writers that do share a
-    folder only the first writes them. A folder that cannot be made is kept as the plan's
-    failure, which the agreement tells every process. Ends with a barrier: every process's claim
-    is in place, so the claims each process sees in its folder are exactly who shares it.
-    """
-    state = PartialState()
-    recorder.note(f"save_state: making {plan.staging}")
-    try:
-        plan.agreement.claim()
-    except OSError as exc:
-        plan.failure = OSError(exc.errno, f"Cannot make the checkpoint folder: {exc}")
-    if layout.needs_one_folder is not None:
+    one_folder = layout.needs_one_folder
+    with save_transaction(
+        plan, one_folder=one_folder, save_on_each_node=save_on_each_node
+    ) as transaction:
+        planned = False
+        staged: object = None
         try:
-            require_one_folder(plan.agreement, layout.needs_one_folder, plan.failure)
-        finally:
-            recorder.note(None)
-        plan.is_writer = state.is_main_process
-    else:
-        state.wait_for_everyone()  # every claim is in place before any process looks for one
-        if plan.failure is None and plan.is_writer and save_on_each_node:
-            plan.is_writer = state.num_processes == 1 or plan.agreement.take_shared_files()
+            if pre_hooks is not None and plan.failure is None:
+                # the user's save pre-hooks write into the staging folder: their files are
+                # published with the checkpoint (listed by the folder's owner), and model
+                # states they remove are not saved
+                pre_hooks(plan.staging)
+                plan.adopt_unlisted = True
+            if plan.failure is None:
+                staged = _plan_jobs(save, layout, step)
+                planned = True
+        except Exception as exc:  # noqa: BLE001 - the agreement tells every process, then raises
+            if one_folder is not None:
+                raise
+            plan.failure, plan.jobs = exc, []
+        if buffers is not None:
+            buffers.finish()  # device copies landed: training may change the originals now
+        recorder.note(f"save_state: writing {_names(plan)} into {plan.staging}")
+        # collective: DCP, or the engine's own save
+        written = layout.write(save, staged) if planned else LayoutWritten()
+        before = None
+        if isinstance(written, LayoutWritten):
+            plan.written = written
+        else:
+            before = written  # an asynchronous write, run on the writer thread
+        if async_save:  # the agreement runs on the writer thread, over a group of its own
+            return transaction.publish_later(background_comm(buffers), deferred, before)
+        return transaction.publish()
 
 
-def _plan_jobs(save: LayoutSave, layout: CheckpointLayout, step: int) -> None:
+def _plan_jobs(save: LayoutSave, layout: CheckpointLayout[StagedT], step: int) -> StagedT:
     """The files this process writes: the layout's, the other shared ones (if it is a
-    writer), then its RNG states."""
+    writer), then its RNG states; returns what the layout's write needs."""
     plan = save.plan
-    if plan.failure is not None:
-        return
-    layout.plan(save)
+    staged = layout.plan(save)
     if plan.is_writer:
         shared = _shared_jobs(save.contents, save.copy)
         plan.jobs += shared
         plan.shared_names += [job.name for job in shared]
     rng = {**capture_rng_state(), "step": step}
     plan.jobs.append(pickle_job(paths.rng_file(plan.rank), rng))
+    return staged
 
 
 def _shared_jobs(contents: CheckpointContents, copy: Callable[[Any], Any]) -> list[FileJob]:
@@ -250,10 +233,14 @@ def load_contents(
     input_dir: str | os.PathLike[str],
     contents: CheckpointContents,
     *,
-    map_location: Any = "cpu",
+    layout: CheckpointLayout[Any] | None = None,
+    map_location: str | torch.device = "cpu",
     strict: bool = True,
 ) -> dict[str, Any]:
     """Restore ``contents`` from a checkpoint; return the saved attributes (``{"step": ...}``).
+
+    ``layout`` reads the models and optimizers, as the disk says (None: the replicated layout
+    over the base strategy).
 
     Every process must call this: they agree on the outcome, so a process that cannot load
     makes every other one raise too (naming it), instead of leaving them to wait for it in the
@@ -272,7 +259,8 @@ def load_contents(
     recorder.note(f"load_state: reading {Path(input_dir).absolute()}")
     error: Exception | None = None
     try:
-        attributes = _load_contents(Path(input_dir), contents, map_location, strict)
+        chosen = layout if layout is not None else default_layout()
+        attributes = _load_contents(Path(input_dir), contents, chosen, map_location, strict)
     except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
         error = exc
     try:
@@ -285,14 +273,17 @@ def load_contents(
 
 
 def _load_contents(
-    folder: Path, contents: CheckpointContents, map_location: Any, strict: bool
+    folder: Path,
+    contents: CheckpointContents,
+    layout: CheckpointLayout[Any],
+    map_location: str | torch.device,
+    strict: bool,
 ) -> dict[str, Any]:
     manifest = _open_manifest(folder, strict)
     if manifest is not None:
         missing = missing_files(folder, manifest, PartialState().process_index)
         if missing is not None:
             raise CheckpointNotFoundError(missing)
-    layout = layout_of(contents)
     with CheckpointReader(folder, manifest) as files:
         # Every file is parsed and queued first, so parsing one overlaps reading the others;
         # each is applied only once all its blocks are read and verified.
@@ -314,7 +305,9 @@ def _load_contents(
         return {"step": _load_rng(files, _read_rng(files), strict)}
 
 
-def _start_part(files: CheckpointReader, name: str, where: Any) -> PendingRead | Exception:
+def _start_part(
+    files: CheckpointReader, name: str, where: str | torch.device
+) -> PendingRead | Exception:
     """Start loading one stateful part; a failure is returned, to be raised in its turn."""
     try:
         return files.start_unpickle(name, where)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -211,8 +212,7 @@ def test_failing_part_is_named_or_warned(tmp_path: Path) -> None:
 
     model, opt, sched, counter = _setup(0)
     save_contents(tmp_path / "c", _contents(model, opt, sched, counter))
-    contents = _contents(*_setup(0))
-    contents.custom_objects = [Fragile()]
+    contents = dataclasses.replace(_contents(*_setup(0)), custom_objects=[Fragile()])
     with pytest.raises(RuntimeError, match="custom object 0"):
         load_contents(tmp_path / "c", contents)
     with pytest.warns(RuntimeWarning, match="custom object 0"):

@@ -9,9 +9,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hasten.checkpointing.layouts.dcp_shards import ShardedLayout
 from hasten.checkpointing.layouts.engine import EngineLayout
 from hasten.checkpointing.layouts.factory import checkpoint_layout
-from hasten.checkpointing.layouts.sharded import ShardedLayout
 from hasten.config.enums import DistributedType
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.state.engine import EngineChoice

@@ -13,30 +13,35 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from torch import nn
 
 from hasten.checkpointing.layouts.base import (
     CheckpointContents,
     CheckpointLayout,
     LayoutLoad,
     LayoutSave,
+    PreparedObjects,
 )
 from hasten.checkpointing.storage import paths
 from hasten.checkpointing.storage.agreement import agree_on_outcome
 from hasten.checkpointing.storage.engine_files import EngineFiles, EngineReads, files_to_verify
 from hasten.checkpointing.storage.manifest import CorruptCheckpointError
-from hasten.checkpointing.storage.writer import FileJob, SavePlan, start_adopting, start_jobs
+from hasten.checkpointing.storage.writer import (
+    FileJob,
+    LayoutWritten,
+    SavePlan,
+    start_adopting,
+    start_jobs,
+)
 from hasten.state import PartialState
 from hasten.strategies.checkpoints import EngineCheckpoint
 
 __all__ = ["EngineLayout", "load_engine_checkpoint"]
 
 
-class EngineLayout(CheckpointLayout):
+class EngineLayout(CheckpointLayout[None]):
     """The engine writes and reads its models, optimizers and schedulers (see the module).
 
     Args:
@@ -48,21 +53,10 @@ class EngineLayout(CheckpointLayout):
     def __init__(self, strategy: EngineCheckpoint) -> None:
         self.strategy = strategy
 
-    def contents(
-        self,
-        *,
-        models: Sequence[nn.Module],
-        optimizers: Sequence[Any],
-        schedulers: Sequence[Any],
-        dataloaders: Sequence[Any],
-        custom_objects: Sequence[Any],
-        scaler: Any | None,
-        for_save: bool,
-        mid_cycle: bool = False,
-    ) -> CheckpointContents:
+    def contents(self, prepared: PreparedObjects, *, for_save: bool) -> CheckpointContents:
         """The data loaders and custom objects: the engine holds models, optimizers and
         schedulers itself. A save inside an accumulation cycle warns."""
-        if for_save and mid_cycle:
+        if for_save and prepared.mid_cycle:
             warnings.warn(
                 "save_state() in the middle of a DeepSpeed accumulation cycle: DeepSpeed's "
                 "checkpoint does not hold the partly accumulated gradients, so after a "
@@ -74,13 +68,15 @@ class EngineLayout(CheckpointLayout):
                 stacklevel=4,
             )
         return CheckpointContents(
-            prepared_models=list(models),
-            dataloaders=list(dataloaders),
-            custom_objects=list(custom_objects),
-            layout=self,
+            prepared_models=list(prepared.models),
+            dataloaders=list(prepared.dataloaders),
+            custom_objects=list(prepared.custom_objects),
         )
 
-    def write(self, save: LayoutSave) -> Callable[[], None] | None:
+    def plan(self, save: LayoutSave) -> None:
+        """Nothing: the engine writes its files in `write`."""
+
+    def write(self, save: LayoutSave, staged: None) -> LayoutWritten:
         """The engine writes its files through hasten's writer (copies them, when asynchronous).
 
         Every process's staging folder exists (`require_one_folder` made sure it is the same
@@ -88,24 +84,31 @@ class EngineLayout(CheckpointLayout):
         to write a file is reported in the agreement every process joins after writing.
         """
         plan, buffers = save.plan, save.buffers
+        started = None
         if buffers is not None:
             files = EngineFiles(plan.staging, buffers.copy)
         else:
             files = EngineFiles(plan.staging)
-            start_jobs(plan)
+            started = start_jobs(plan.staging, plan.jobs)
         try:
             self.strategy.save_checkpoint(plan.staging, files)
         except BaseException:
             shutil.rmtree(plan.staging, ignore_errors=True)
             raise
+        later: list[FileJob] = []
+        adopting = []
         if buffers is not None:
-            plan.jobs += [FileJob(name, write) for name, write in files.jobs()]
+            later = [FileJob(name, write) for name, write in files.jobs()]
             buffers.finish()  # device copies of the engine's state landed
         elif plan.is_writer:
-            start_adopting(plan, _engine_written_top_level(plan))
-        plan.engine_files = files
-        plan.adopt_unlisted = True
-        return None
+            adopting = start_adopting(plan.staging, _engine_written_top_level(plan))
+        return LayoutWritten(
+            engine_files=files,
+            adopt_unlisted=True,
+            started=started,
+            adopting=adopting,
+            later=later,
+        )
 
     def load(self, load: LayoutLoad) -> Callable[[], None]:
         """Verify every engine file on every process, then let the engine load them."""

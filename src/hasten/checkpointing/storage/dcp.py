@@ -4,7 +4,7 @@ Writes always go through the crash-safe path: staged in a hidden folder, every f
 DCP writes it (`PartedWriter`), listed in a manifest, published by one rename.
 
 - `write_parts` is one DCP save of several part folders inside a staging folder (save_state's
-  models and optimizers, `hasten.checkpointing.layouts.parts`); `read_parts` the matching load,
+  models and optimizers, `hasten.checkpointing.layouts.dcp_parts`); `read_parts` the matching load,
   verified against the checkpoint's manifest (`PartedReader`).
 - `save_folder` / `load_folder` are one DCP checkpoint folder on its own (Accelerate's
   ``save_fsdp_model`` / ``save_fsdp_optimizer``, ``save_sharded_state``): the same writer, with
@@ -19,7 +19,6 @@ when a DCP checkpoint is saved or loaded (it imports ``torch.distributed.checkpo
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
-from hasten.checkpointing.storage.agreement import agree_on_outcome, next_token, require_one_folder
+from hasten.checkpointing.storage.agreement import next_token
 from hasten.checkpointing.storage.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
 from hasten.checkpointing.storage.dcp_storage import PartedReader, PartedWriter
 from hasten.checkpointing.storage.io import UnsafeCheckpointError
@@ -39,8 +38,8 @@ from hasten.checkpointing.storage.manifest import (
     FileRecord,
     read_manifest,
 )
-from hasten.checkpointing.storage.writer import SavePlan, run_plan
-from hasten.ops.comm import current_comm
+from hasten.checkpointing.storage.transaction import save_transaction
+from hasten.checkpointing.storage.writer import LayoutWritten, SavePlan, SaveTarget
 from hasten.state import PartialState
 
 __all__ = [
@@ -66,7 +65,7 @@ def write_parts(
     parts: dict[str, dict[str, Any]],
     *,
     folders: dict[str, str] | None = None,
-    group: Any = None,
+    group: dist.ProcessGroup | None = None,
     also: Callable[[], list[FileRecord]] | None = None,
 ) -> tuple[list[FileRecord], list[FileRecord]]:
     """Write every part with one DCP save; every process calls it, once the folders exist.
@@ -110,7 +109,7 @@ def read_parts(
     folders: dict[str, str] | None = None,
     check: Callable[[Metadata], None] | None = None,
     explain: Callable[[BaseException], BaseException] | None = None,
-    process_group: Any = None,
+    process_group: dist.ProcessGroup | None = None,
     no_dist: bool | None = None,
 ) -> None:
     """Fill ``state`` (``{part: state dict}``) from the part folders of ``folder``, in one DCP load.
@@ -145,7 +144,7 @@ def _load(
     state: dict[str, Any],
     reader: SafeFileSystemReader,
     *,
-    process_group: Any,
+    process_group: dist.ProcessGroup | None,
     no_dist: bool,
     explain: Callable[[BaseException], BaseException] | None = None,
 ) -> None:
@@ -181,7 +180,7 @@ def _refusal(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _require_every_process(process_group: Any, num_processes: int) -> None:
+def _require_every_process(process_group: dist.ProcessGroup | None, num_processes: int) -> None:
     """Refuse a save by a subgroup: a folder's save agrees over every process of the run (who
     writes which file, then the publish), so a subgroup's save would wait on processes that
     never call it."""
@@ -198,7 +197,10 @@ def _require_every_process(process_group: Any, num_processes: int) -> None:
 
 
 def save_folder(
-    state_dict: dict[str, Any], output_dir: str | os.PathLike[str], *, process_group: Any = None
+    state_dict: dict[str, Any],
+    output_dir: str | os.PathLike[str],
+    *,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Path:
     """Write ``state_dict`` as one DCP checkpoint folder, crash-safely; every process calls it.
 
@@ -217,37 +219,21 @@ def save_folder(
     state = PartialState()
     _require_every_process(process_group, state.num_processes)
     final = Path(output_dir).absolute()
-    plan = SavePlan(
+    target = SaveTarget(
         final=final,
         rank=state.process_index,
         num_processes=state.num_processes,
-        is_writer=state.is_main_process,
         token=next_token(),
+        attributes={"num_processes": state.num_processes},
     )
-    plan.extra = {"num_processes": state.num_processes}
-    failure: Exception | None = None
-    try:
-        plan.agreement.claim()
-    except OSError as exc:
-        failure = OSError(exc.errno, f"Cannot make the checkpoint folder: {exc}")
-    require_one_folder(plan.agreement, "A sharded checkpoint", failure)
-    try:
+    plan = SavePlan(target, is_writer=state.is_main_process)
+    with save_transaction(plan, one_folder="A sharded checkpoint") as transaction:
         mine, everyone = write_parts(
             plan.staging, {_LONE: state_dict}, folders={_LONE: ""}, group=process_group
         )
-    except Exception as exc:  # noqa: BLE001 - nothing is published; every process raises
-        shutil.rmtree(plan.staging, ignore_errors=True)
-        agree_on_outcome(exc)
-        raise
-    plan.prewritten = everyone if plan.rank == 0 else mine
-    plan.collected = True
-    plan.comm = current_comm()
-    try:
-        run_plan(plan)
-    except Exception as exc:  # noqa: BLE001 - every process learns the outcome, then raises
-        agree_on_outcome(exc)
-        raise
-    agree_on_outcome(None)  # published before any process goes on
+        records = everyone if plan.rank == 0 else mine
+        plan.written = LayoutWritten(records=records, collected=True)
+        transaction.publish()
     return final
 
 
@@ -255,7 +241,7 @@ def load_folder(
     state_dict: dict[str, Any],
     input_dir: str | os.PathLike[str],
     *,
-    process_group: Any = None,
+    process_group: dist.ProcessGroup | None = None,
     no_dist: bool | None = None,
 ) -> dict[str, Any]:
     """Fill ``state_dict`` from one DCP checkpoint folder (`save_folder`'s, or any DCP folder).

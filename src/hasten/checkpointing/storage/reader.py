@@ -174,7 +174,9 @@ def _block_bytes(manifest: dict[str, Any] | None) -> int:
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
-def unpickle_buffer(buffer: Buffer, map_location: Any = None, source: object = None) -> Any:
+def unpickle_buffer(
+    buffer: Buffer, map_location: str | torch.device | None = None, source: object = None
+) -> Any:
     """``torch.load(weights_only=True)`` of a file held in ``buffer``, without copying tensors.
 
     CPU tensors come back as views of ``buffer`` (which they keep alive); other locations get
@@ -284,7 +286,9 @@ class CheckpointReader:
         tensors: dict[str, torch.Tensor] = self.start_tensors(name, like).result()
         return tensors
 
-    def unpickle(self, name: str, map_location: Any = None, like: Any = None) -> Any:
+    def unpickle(
+        self, name: str, map_location: str | torch.device | None = None, like: Any = None
+    ) -> Any:
         """The object in the pickle ``name``, loaded safely (see `start_unpickle`)."""
         return self.start_unpickle(name, map_location, like).result()
 
@@ -311,7 +315,7 @@ class CheckpointReader:
     def start_unpickle(
         self,
         name: str,
-        map_location: Any = None,
+        map_location: str | torch.device | None = None,
         like: Any = None,
         check: Callable[[Any], None] | None = None,
     ) -> PendingRead:

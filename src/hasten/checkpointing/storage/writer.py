@@ -50,8 +50,10 @@ from hasten.state import recorder
 __all__ = [
     "FileJob",
     "HostBuffers",
+    "LayoutWritten",
     "PendingSave",
     "SavePlan",
+    "SaveTarget",
     "Snapshot",
     "model_jobs",
     "pickle_job",
@@ -173,38 +175,18 @@ def model_jobs(states: list[dict[str, torch.Tensor]], safe: bool) -> list[FileJo
     ]
 
 
-@dataclass
-class SavePlan:
-    """What one process writes for one checkpoint, and where."""
+@dataclass(frozen=True)
+class SaveTarget:
+    """Where one checkpoint goes and what it is: fixed before anything is written."""
 
     final: Path
     rank: int
     num_processes: int
-    is_writer: bool  # writes the files every process reads (model, optimizer, ...)
-    token: str = ""  # names this save (`hasten.checkpointing.storage.agreement.next_token`)
-    jobs: list[FileJob] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    prewritten: list[FileRecord] = field(default_factory=list)  # e.g. this process's DCP shards
+    token: str  # names this save (`hasten.checkpointing.storage.agreement.next_token`)
+    #: The save's attributes the manifest records (``step``, ``num_processes``).
+    attributes: dict[str, Any] = field(default_factory=dict)
     total_limit: int | None = None
     project_dir: str | None = None
-    #: The communicator the processes agree over (None: one process).
-    comm: Communicator | None = None
-    #: The files this process's engine wrote through hasten (hashed while written).
-    engine_files: EngineFiles | None = None
-    #: The writer checksums every file no process listed (written by an engine itself).
-    adopt_unlisted: bool = False
-    #: This process's own files, when `start_jobs` began writing them early.
-    started: list[Future[FileRecord]] | None = None
-    #: Files an engine wrote by itself that the writer began checksumming early.
-    adopting: list[Future[FileRecord]] = field(default_factory=list)
-    #: ``prewritten`` already holds every process's records (gathered by DCP on the main
-    #: process, in the one folder every process writes), so no records are exchanged.
-    collected: bool = False
-    #: The names of the files every process reads, when this process writes them.
-    shared_names: list[str] = field(default_factory=list)
-    #: Why this process cannot write its part (e.g. its folder cannot be made): it writes
-    #: nothing and tells the others in the agreement.
-    failure: Exception | None = None
 
     @property
     def staging(self) -> Path:
@@ -215,6 +197,76 @@ class SavePlan:
     def agreement(self) -> SaveAgreement:
         """How this save's processes agree on who wrote what, where."""
         return SaveAgreement(self.token, self.rank, self.num_processes, self.staging, self.final)
+
+
+@dataclass(frozen=True)
+class LayoutWritten:
+    """What a layout's collective write wrote itself, returned from its ``write``.
+
+    ``records``: files already written and synced (this process's DCP shards, and the plan's
+    files written meanwhile when ``jobs_written``); ``collected``: ``records`` already holds
+    every process's records (gathered by DCP on the main process, in the one folder every
+    process writes), so none are exchanged. An engine's save gives ``engine_files`` (written
+    through hasten, hashed while written), ``started`` (the plan's files, begun early),
+    ``adopting`` (files it wrote by itself, being checksummed), ``later`` (its files to write
+    on the writer thread, asynchronously) and ``adopt_unlisted`` (checksum every file no
+    process listed).
+    """
+
+    records: list[FileRecord] = field(default_factory=list)
+    collected: bool = False
+    jobs_written: bool = False
+    engine_files: EngineFiles | None = None
+    adopt_unlisted: bool = False
+    started: list[Future[FileRecord]] | None = None
+    adopting: list[Future[FileRecord]] = field(default_factory=list)
+    later: list[FileJob] = field(default_factory=list)
+
+
+@dataclass
+class SavePlan:
+    """What one process writes for one checkpoint: the fixed `SaveTarget`, the files planned,
+    and what the layout's write returned (`LayoutWritten`)."""
+
+    target: SaveTarget
+    is_writer: bool  # writes the files every process reads (model, optimizer, ...)
+    jobs: list[FileJob] = field(default_factory=list)
+    #: The names of the files every process reads, when this process writes them.
+    shared_names: list[str] = field(default_factory=list)
+    #: The communicator the processes agree over (None: one process).
+    comm: Communicator | None = None
+    #: The user's pre-hooks wrote files into the staging folder: checksum every unlisted one.
+    adopt_unlisted: bool = False
+    #: Why this process cannot write its part (e.g. its folder cannot be made): it writes
+    #: nothing and tells the others in the agreement.
+    failure: Exception | None = None
+    #: What the layout's collective write returned (set once, by the save transaction).
+    written: LayoutWritten = field(default_factory=LayoutWritten)
+
+    @property
+    def final(self) -> Path:
+        """The checkpoint folder's final name."""
+        return self.target.final
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self.target.rank
+
+    @property
+    def num_processes(self) -> int:
+        """How many processes save together."""
+        return self.target.num_processes
+
+    @property
+    def staging(self) -> Path:
+        """The hidden folder the files go to before the rename."""
+        return self.target.staging
+
+    @property
+    def agreement(self) -> SaveAgreement:
+        """How this save's processes agree on who wrote what, where."""
+        return self.target.agreement
 
 
 def _write_job(folder: Path, job: FileJob) -> FileRecord:
@@ -266,27 +318,25 @@ def _adopt_named(folder: Path, name: str) -> FileRecord:
     return record
 
 
-def start_adopting(plan: SavePlan, names: list[str]) -> None:
+def start_adopting(staging: Path, names: list[str]) -> list[Future[FileRecord]]:
     """Start checksumming and fsyncing ``names``, written by an engine itself, on the I/O threads."""
     pool = io_threads()
-    plan.adopting += [pool.submit(_adopt_named, plan.staging, name) for name in names]
+    return [pool.submit(_adopt_named, staging, name) for name in names]
 
 
-def start_jobs(plan: SavePlan) -> None:
-    """Start writing (and fsyncing) this process's own files on the I/O threads now.
+def start_jobs(staging: Path, jobs: list[FileJob]) -> list[Future[FileRecord]]:
+    """Start writing (and fsyncing) ``jobs`` into ``staging`` on the I/O threads now.
 
     For a save whose engine works first (DeepSpeed): hasten's small files are written while
-    the engine serialises its state; `run_plan` then only waits for them. Only the first call
-    starts them.
+    the engine serialises its state; `run_plan` then only waits for them.
     """
-    if plan.started is None:
-        pool = io_threads()
-        plan.started = [pool.submit(_write_and_sync, plan.staging, job) for job in plan.jobs]
+    pool = io_threads()
+    return [pool.submit(_write_and_sync, staging, job) for job in jobs]
 
 
 def _engine_records(plan: SavePlan) -> list[FileRecord]:
     """The engine's files written through hasten, once their fsyncs are done."""
-    files = plan.engine_files
+    files = plan.written.engine_files
     if files is None:
         return []
     try:
@@ -297,13 +347,10 @@ def _engine_records(plan: SavePlan) -> list[FileRecord]:
 
 
 def write_jobs(plan: SavePlan) -> list[FileRecord]:
-    """Write and fsync this process's `FileJob` files now and drop them from ``plan``.
-
-    A sharded save runs this while DCP writes the shards, on its own thread.
+    """Write and fsync this process's `FileJob` files now (the layout then returns
+    ``jobs_written``). A sharded save runs this while DCP writes the shards, on its own thread.
     """
-    records = _write_all(plan)
-    plan.jobs = []
-    return records
+    return _write_all(plan)
 
 
 def _write_all(plan: SavePlan) -> list[FileRecord]:
@@ -315,11 +362,13 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
     """
     records: list[FileRecord] = []
     try:
-        if plan.started is not None:
-            records = [future.result() for future in plan.started]
+        written = plan.written
+        if written.started is not None:
+            records = [future.result() for future in written.started]
         else:
             pool = io_threads()
-            records = list(pool.map(functools.partial(_write_named, plan.staging), plan.jobs))
+            jobs = [*plan.jobs, *written.later]
+            records = list(pool.map(functools.partial(_write_named, plan.staging), jobs))
             list(pool.map(functools.partial(_sync_named, plan.staging), records))
         records += _engine_records(plan)
     except _FileFailed as failed:
@@ -343,7 +392,7 @@ def _adopt_unlisted(
     """
     pool = io_threads()
     try:
-        early = [future.result() for future in plan.adopting]
+        early = [future.result() for future in plan.written.adopting]
         known = {r.name for r in [*listed, *early]}
         names = [n for n in engine_file_names(plan.staging) if n not in known]
         records = early + list(pool.map(functools.partial(_hash_named, plan.staging), names))
@@ -357,8 +406,9 @@ def _adopt_unlisted(
     return records, [pool.submit(fsync_path, plan.staging / n) for n in names]
 
 
-def run_plan(plan: SavePlan, before: Callable[[], None] | None = None) -> Path:
-    """Run ``before`` (a deferred copy), write this process's files, agree; owners publish.
+def run_plan(plan: SavePlan, before: Callable[[], LayoutWritten | None] | None = None) -> Path:
+    """Run ``before`` (a deferred copy, or an asynchronous layout write whose `LayoutWritten`
+    it returns), write this process's files, agree; owners publish.
 
     Every process joins the agreement even when its own part failed, so the others learn of the
     failure instead of waiting for it; on any failure nothing is published and the staging
@@ -374,18 +424,21 @@ def run_plan(plan: SavePlan, before: Callable[[], None] | None = None) -> Path:
         recorder.note(None)
 
 
-def _run_plan(plan: SavePlan, before: Callable[[], None] | None) -> Path:
+def _run_plan(plan: SavePlan, before: Callable[[], LayoutWritten | None] | None) -> Path:
     failure: Exception | None = None
     records: list[FileRecord] = []
     try:
         if before is not None:
-            before()
+            result = before()
+            if result is not None:
+                plan.written = result
         if plan.failure is not None:
             raise plan.failure
-        records = plan.prewritten + _write_all(plan)
+        written = plan.written
+        records = written.records + ([] if written.jobs_written else _write_all(plan))
     except Exception as exc:  # noqa: BLE001 - told to every process, then raised here
         failure = exc
-    if plan.collected:  # the one shared folder's records are all on the main process
+    if plan.written.collected:  # the one shared folder's records are all on the main process
         if failure is not None:
             raise failure
         if plan.rank != 0:
@@ -419,7 +472,7 @@ def _publish(
     """On a folder's owner: list every file in the manifest, rename the folder into place."""
     recorder.note(f"save_state: publishing {plan.final}")
     syncs: list[Future[None]] = []
-    if plan.adopt_unlisted:
+    if plan.adopt_unlisted or plan.written.adopt_unlisted:
         adopted, syncs = _adopt_unlisted(plan, everyone)
         everyone += adopted
     plan.agreement.remove_claims(members)
@@ -427,13 +480,15 @@ def _publish(
     folders = subdirectories(plan.staging, [r.name for r in everyone])
     syncs += [io_threads().submit(fsync_directory, folder) for folder in folders]
     name = manifest_name(plan.rank)
-    write_manifest(plan.staging, everyone, {**plan.extra, "save": plan.token, **extra}, name)
+    attributes = {**plan.target.attributes, "save": plan.target.token, **extra}
+    write_manifest(plan.staging, everyone, attributes, name)
     for future in syncs:
         future.result()
     paths.publish(plan.staging, plan.final)
     paths.remove_stale_staging(plan.final)
-    if plan.total_limit is not None and plan.project_dir is not None:
-        paths.prune_checkpoints(plan.project_dir, plan.total_limit)
+    target = plan.target
+    if target.total_limit is not None and target.project_dir is not None:
+        paths.prune_checkpoints(target.project_dir, target.total_limit)
     return plan.final
 
 
@@ -496,7 +551,7 @@ class PendingSave:
         self,
         plan: SavePlan,
         snapshot: Snapshot | None = None,
-        before: Callable[[], None] | None = None,
+        before: Callable[[], LayoutWritten | None] | None = None,
     ) -> None:
         self.plan = plan
         self._snapshot = snapshot

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from hasten.checkpointing.sharded import load_sharded_state, save_sharded_state
+from hasten.checkpointing.dcp_folders import load_sharded_state, save_sharded_state
 from hasten.checkpointing.storage.manifest import MANIFEST_NAME, CorruptCheckpointError
 from hasten.state._shared import reset_state
 

@@ -1,6 +1,6 @@
 """The sharded parts of a save_state checkpoint: models and optimizers in DCP folders.
 
-With the sharded layout (`hasten.checkpointing.layouts.sharded`), each model's and optimizer's
+With the sharded layout (`hasten.checkpointing.layouts.dcp_shards`), each model's and optimizer's
 sharded state dict (``strategy.model_state_dict(full=False)``: DTensor shards keyed by parameter
 name) goes into its own DCP folder inside the checkpoint's staging folder -- Accelerate's names,
 ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` -- with every process writing its
@@ -27,11 +27,12 @@ import torch
 
 from hasten.checkpointing.layouts.base import on_cpu
 from hasten.checkpointing.storage.paths import sharded_model_dir, sharded_optimizer_dir
-from hasten.checkpointing.storage.writer import SavePlan, Snapshot, write_jobs
+from hasten.checkpointing.storage.writer import LayoutWritten, SavePlan, Snapshot, write_jobs
 from hasten.optimizer import unwrap_optimizer
 from hasten.strategies.checkpoints import ShardedStateDicts, StateDicts
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from torch.distributed.checkpoint.metadata import Metadata
 
 __all__ = [
@@ -44,7 +45,9 @@ __all__ = [
 ]
 
 
-def optimizer_owner(optimizer: Any, models: Sequence[torch.nn.Module]) -> torch.nn.Module:
+def optimizer_owner(
+    optimizer: torch.optim.Optimizer, models: Sequence[torch.nn.Module]
+) -> torch.nn.Module:
     """The prepared model whose parameters ``optimizer`` updates.
 
     Raises:
@@ -144,8 +147,10 @@ class StagedParts:
     copies: dict[str, Any]
     deferred: dict[str, Any]  # part -> its param_groups, copied now; the state comes later
 
-    def write(self, plan: SavePlan, snapshot: Snapshot | None, group: Any) -> None:
-        """Write every part through DCP (the other files meanwhile), adopting the records."""
+    def write(
+        self, plan: SavePlan, snapshot: Snapshot | None, group: ProcessGroup | None
+    ) -> LayoutWritten:
+        """Write every part through DCP (the plan's other files meanwhile); return the records."""
         if snapshot is not None:
             snapshot.take()
         parts = dict(self.copies)
@@ -158,8 +163,8 @@ class StagedParts:
         mine, everyone = write_parts(
             plan.staging, parts, group=group, also=lambda: write_jobs(plan)
         )
-        plan.prewritten = everyone if plan.rank == 0 else mine
-        plan.collected = True
+        records = everyone if plan.rank == 0 else mine
+        return LayoutWritten(records=records, collected=True, jobs_written=True)
 
 
 def stage_sharded(

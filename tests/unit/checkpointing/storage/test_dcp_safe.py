@@ -54,8 +54,8 @@ def test_index_classes_of_a_real_save_are_allowed(tmp_path: Path) -> None:
 
 
 def test_a_crafted_index_is_refused_without_running_it(tmp_path: Path) -> None:
+    from hasten.checkpointing.dcp_folders import load_sharded_state
     from hasten.checkpointing.merge import load_merged_state_dict
-    from hasten.checkpointing.sharded import load_sharded_state
 
     folder, marker = tmp_path / "ckpt", tmp_path / "ran"
     _dcp_save(_state(), folder)
@@ -94,7 +94,7 @@ def test_an_index_that_is_not_dcp_metadata_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_crafted_bytes_entry_is_refused_without_running_it(tmp_path: Path) -> None:
-    from hasten.checkpointing.sharded import load_sharded_state
+    from hasten.checkpointing.dcp_folders import load_sharded_state
 
     marker = tmp_path / "ran"
     _dcp_save({**_state(), "lr": Payload(marker)}, tmp_path / "ckpt")
