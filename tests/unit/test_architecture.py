@@ -13,7 +13,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "hasten"
 MODULES = sorted(SRC.rglob("*.py"))
 LINE_CAP = 800
-LINE_CAP_EXCEPTIONS = {"accelerator.py": 1500}
+LINE_CAP_EXCEPTIONS = {"accelerator.py": 1200}
 # `DistributedType.X` member access (a branch on the label) is allowed only where the label is
 # defined, declared by a platform, detected, resolved to an engine, mapped to a strategy, or written by the questionnaire.
 DISPATCH_ALLOWED = (
@@ -285,25 +285,25 @@ def test_only_the_dcp_module_saves_and_loads_through_dcp() -> None:
 #: ("<top>": the modules directly under src/hasten). Lower a cap whenever real types replace
 #: ``Any``; never raise one. The checkpointing cap is lowered by the checkpoint rework.
 ANY_SHARE_CAPS = {
-    "<top>": 25.2,
+    "<top>": 16.7,
     "big_modeling": 5.5,
     "checkpointing": 14.2,
     "commands": 21.4,
     "compat": 5.9,
-    "config": 30.2,
+    "config": 29.4,
     "core": 29.2,
     "data_loader": 20.2,
     "launchers": 7.2,
     "ops": 26.8,
     "platforms": 4.2,
     "precision": 30.0,
-    "state": 24.9,
-    "strategies": 14.5,
+    "state": 18.3,
+    "strategies": 14.1,
     "test_utils": 10.8,
     "tracking": 25.7,
-    "training": 32.8,
+    "training": 17.8,
 }
-ANY_SHARE_CAP_OVERALL = 17.3
+ANY_SHARE_CAP_OVERALL = 16.1
 
 
 def any_annotations(source: str) -> tuple[int, int]:

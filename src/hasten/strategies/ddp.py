@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import nn
 from torch.distributed.algorithms.join import Join
@@ -18,9 +18,11 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from hasten.strategies.base import Strategy
-from hasten.strategies.call import PrepareCall
-from hasten.strategies.parallelize import ParallelPlan
-from hasten.strategies.settings import DDPSettings
+
+if TYPE_CHECKING:
+    from hasten.strategies.call import PrepareCall
+    from hasten.strategies.parallelize import ParallelPlan
+    from hasten.strategies.settings import DDPSettings
 
 __all__ = ["DDPStrategy", "DDPWrapSettings", "sync_in_backward"]
 
@@ -88,6 +90,8 @@ class DDPStrategy(Strategy):
 
     def settings(self) -> DDPSettings:
         """The DDP step's settings: the constructor's kwargs and the user's comm hook."""
+        from hasten.strategies.settings import DDPSettings
+
         hook = self.ddp_kwargs.register_comm_hook if self.ddp_kwargs is not None else None
         return DDPSettings(kwargs=self.wrap_kwargs(), comm_hook=hook)
 

@@ -32,10 +32,11 @@ from torch import nn
 
 from hasten.precision import Precision
 from hasten.strategies.compile import CompileSettings, compile_model
-from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard
 from hasten.strategies.settings import DDPSettings, FSDPSettings, WrapSettings
-from hasten.strategies.tensor_parallel import shard_by_plan
 from hasten.strategies.unwrap import is_compiled_module
+
+# The FSDP and tensor-parallel steps import their modules when a plan asks for them: a plain
+# (single-process or DDP) run never loads them.
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -176,6 +177,8 @@ def broadcast_from_rank0(model: nn.Module, weights: _Weights, device: torch.devi
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     """Shard ``model`` over ``tp_mesh`` from its tensor-parallel plan (see `shard_by_plan`)."""
+    from hasten.strategies.tensor_parallel import shard_by_plan
+
     return shard_by_plan(model, tp_mesh)
 
 
@@ -186,6 +189,8 @@ def apply_ac(model: nn.Module, blocks: WrapSettings) -> nn.Module:
         ValueError: the wrap policy picks no block to checkpoint.
     """
     from torch.distributed._composable import checkpoint
+
+    from hasten.strategies.fsdp_plugin import modules_to_shard
 
     chosen = modules_to_shard(blocks, model, [], count_dtensors=True)
     if not chosen:
@@ -234,6 +239,8 @@ def fully_shard_kwargs(settings: FSDPSettings, mesh: DeviceMesh) -> dict[str, An
 def apply_fsdp(model: nn.Module, settings: FSDPSettings, mesh: DeviceMesh) -> nn.Module:
     """``fully_shard`` each block the wrap policy picks (deepest first), then the root."""
     from torch.distributed.fsdp import fully_shard
+
+    from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard
 
     kwargs = fully_shard_kwargs(settings, mesh)
     skip = ignored_modules(settings.ignored, model)

@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from hasten.config.fsdp import bind_wrap_policy
-
 if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
     from torch.nn.parallel import DistributedDataParallel
@@ -53,6 +51,8 @@ class WrapSettings:
         Raises:
             ValueError: a layer class name is not used anywhere in ``model``.
         """
+        from hasten.config.fsdp import bind_wrap_policy
+
         return bind_wrap_policy(self.policy, self.class_names, self.min_num_params, model)
 
 
