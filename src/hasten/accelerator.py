@@ -29,7 +29,9 @@ from hasten.config.project import (
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
+from hasten.core.imports import is_bitsandbytes_multi_backend_available
 from hasten.optimizer import AcceleratedOptimizer, unwrap_optimizer
+from hasten.platforms.checks import is_xpu_available
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
@@ -87,6 +89,11 @@ def _data_parallel_comm(mesh: DeviceMesh | None) -> Communicator | None:
     from hasten.ops.comm import data_parallel_comm
 
     return data_parallel_comm(mesh)
+
+
+def _quantized_on_cpu() -> bool:
+    """Whether bitsandbytes runs quantized layers on CPU (names patched here, as in Accelerate)."""
+    return is_bitsandbytes_multi_backend_available() and not is_xpu_available()
 
 
 class Accelerator:
@@ -609,7 +616,7 @@ class Accelerator:
     ) -> PrepareCall:
         """The `PrepareCall` of ``objects``: kinds, placements, and what the strategy needs of
         the run. Each model is claimed here (and checked for a dispatcher's placement)."""
-        run = (self.strategy, self.device, self.num_processes)
+        run = (self.strategy, self.device, self.num_processes, _quantized_on_cpu)
         kinds, places = self._objects.claim(objects, placements, self.device_placement, run)
         loaders = [obj for obj, kind in zip(objects, kinds) if kind == "data_loader"]
         return PrepareCall(

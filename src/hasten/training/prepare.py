@@ -20,9 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from hasten.config import envvars
-from hasten.core.imports import is_bitsandbytes_multi_backend_available
 from hasten.optimizer import AcceleratedOptimizer
-from hasten.platforms.checks import is_xpu_available
 from hasten.scheduler import AcceleratedScheduler
 from hasten.strategies.base import BackwardFn, Strategy
 from hasten.strategies.call import ObjectKind, kind_of
@@ -261,9 +259,17 @@ def is_dispatched(model: nn.Module) -> bool:
 
 
 def model_placement(
-    model: nn.Module, place: bool, strategy: Strategy, device: torch.device, num_processes: int
+    model: nn.Module,
+    place: bool,
+    strategy: Strategy,
+    device: torch.device,
+    num_processes: int,
+    quantized_on_cpu: Callable[[], bool],
 ) -> bool:
     """Whether ``model`` goes on the device: not when a dispatcher placed its layers.
+
+    ``quantized_on_cpu`` answers whether bitsandbytes runs quantized layers on the CPU here (the
+    facade passes its own look-up, which tests patch in ``hasten.accelerator``).
 
     Raises:
         ValueError: a model dispatched over several devices, under a strategy that syncs
@@ -287,7 +293,7 @@ def model_placement(
             dict(getattr(model, "hf_device_map", {})),
             device,
             distributed=num_processes > 1,
-            cpu_supported=is_bitsandbytes_multi_backend_available() and not is_xpu_available(),
+            cpu_supported=quantized_on_cpu(),
         )
         place = False  # bitsandbytes placed the quantized weights
     return place
@@ -391,11 +397,11 @@ class PreparedObjects:
         objects: Sequence[object],
         placements: Sequence[bool | None],
         default: bool,
-        run: tuple[Strategy, torch.device, int],
+        run: tuple[Strategy, torch.device, int, Callable[[], bool]],
     ) -> tuple[tuple[ObjectKind, ...], list[bool]]:
         """The kinds and placements of a call's ``objects`` (None: ``default``); each model is
         claimed and checked for a dispatcher's placement (`model_placement` under ``run``:
-        strategy, device, number of processes).
+        strategy, device, number of processes, the quantized-on-CPU look-up).
 
         Raises:
             RuntimeError: a model was given to prepare before and replaced by a wrapper.
