@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,14 +23,12 @@ from torch import nn
 
 from hasten.config import envvars
 from hasten.config.dynamo import TorchDynamoPlugin
-from hasten.config.enums import FP8BackendType, PrecisionType, parse_mixed_precision
+from hasten.config.enums import FP8BackendType, PrecisionType
 from hasten.config.project import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
-from hasten.core.coerce import whole_number
-from hasten.core.environment import str_to_bool
 from hasten.core.imports import is_bitsandbytes_multi_backend_available
 from hasten.optimizer import AcceleratedOptimizer, unwrap_optimizer
 from hasten.platforms.checks import is_xpu_available
@@ -39,13 +36,27 @@ from hasten.scheduler import AcceleratedScheduler
 from hasten.state import AcceleratorState, GradientState
 from hasten.state.mesh import mesh_local_rank, resolve_parallelism_config
 from hasten.strategies import Strategy, select_strategy
-from hasten.strategies.call import PrepareCall, kind_of
+from hasten.strategies.call import PrepareCall
 from hasten.strategies.ddp import sync_in_backward
 from hasten.training.accumulation import GradientAccumulator
+from hasten.training.arguments import (
+    FP8_SLOTS,
+    UNSET,
+    resolve_accumulation,
+    resolve_data_config,
+    resolve_deepspeed,
+    resolve_dynamo,
+    resolve_mixed_precision,
+    sort_handlers,
+)
 from hasten.training.prepare import (
-    PreparedRegistry,
+    PreparedObjects,
+    call_placements,
     check_optimizer_device,
+    check_unique,
+    is_dispatched,
     make_backward,
+    shard_data_loader,
 )
 
 # What a run may not use (checkpoints, data loaders, trackers, collectives, kwargs handlers,
@@ -71,153 +82,6 @@ __all__ = ["Accelerator"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_UNSET: Any = object()
-_NO_JOIN = (
-    "Joining uneven inputs is only supported for multi-GPU training, as a result "
-    "`join_uneven_inputs` will have no effect. (hasten: only DDP shadows the collectives of "
-    "finished processes; this run uses {}.)"
-)
-
-
-def _handler_slots() -> dict[type[KwargsHandler], str]:
-    """Which attribute of the Accelerator holds each kind of kwargs handler."""
-    from hasten.config import kwargs
-
-    return {
-        kwargs.DistributedDataParallelKwargs: "ddp_handler",
-        kwargs.GradScalerKwargs: "scaler_handler",
-        kwargs.InitProcessGroupKwargs: "init_handler",
-        kwargs.AutocastKwargs: "autocast_handler",
-        kwargs.ProfileKwargs: "profile_handler",
-        # FP8RecipeKwargs subclasses the TE and MS-AMP recipes: it must be matched first.
-        kwargs.FP8RecipeKwargs: "fp8_recipe_handler",
-        kwargs.AORecipeKwargs: "ao_recipe_handler",
-        kwargs.TERecipeKwargs: "te_recipe_handler",
-        kwargs.MSAMPRecipeKwargs: "msamp_recipe_handler",
-    }
-
-
-_FP8_SLOTS = (
-    "fp8_recipe_handler",
-    "ao_recipe_handler",
-    "te_recipe_handler",
-    "msamp_recipe_handler",
-)
-
-
-def _sort_handlers(handlers: Sequence[KwargsHandler] | None) -> dict[str, KwargsHandler]:
-    """Map each handler to its Accelerator slot, refusing unknown types and duplicates."""
-    found: dict[str, KwargsHandler] = {}
-    slots = _handler_slots() if handlers else {}
-    for handler in handlers or ():
-        slot = next((s for cls, s in slots.items() if isinstance(handler, cls)), None)
-        if slot is None:
-            allowed = sorted(cls.__name__ for cls in slots)
-            raise TypeError(
-                f"Unsupported kwargs handler {handler!r}: kwargs_handlers accepts instances of "
-                f"{allowed}. Pass each handler as an instance, e.g. "
-                "kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]."
-            )
-        if slot in found:
-            raise ValueError(
-                f"Two {type(handler).__name__} were passed in kwargs_handlers; pass only one, "
-                "with all its settings."
-            )
-        found[slot] = handler
-    recipes = [type(found[slot]).__name__ for slot in _FP8_SLOTS if slot in found]
-    if len(recipes) > 1:
-        raise ValueError(
-            f"Several fp8 recipes were passed in kwargs_handlers ({', '.join(recipes)}); pass "
-            "only the one of the fp8 backend you train with."
-        )
-    return found
-
-
-def _resolve_accumulation(
-    steps: int, plugin: GradientAccumulationPlugin | None
-) -> GradientAccumulationPlugin:
-    """Build the accumulation plugin from the argument, the plugin, or ACCELERATE_GRADIENT_..."""
-    if plugin is not None:
-        if steps != 1:
-            raise ValueError(
-                f"gradient_accumulation_steps={steps!r} and a GradientAccumulationPlugin were "
-                "both passed; pass only one: put num_steps in the plugin, e.g. "
-                f"GradientAccumulationPlugin(num_steps={steps!r})."
-            )
-        return plugin
-    count = whole_number(steps)  # np.int64(2) -> 2, as Accelerate accepts it
-    if count is None:
-        raise TypeError(
-            f"gradient_accumulation_steps must be an int >= 1, got {type(steps).__name__} "
-            f"{steps!r}."
-        )
-    steps = count
-    source = "gradient_accumulation_steps"
-    if steps == 1:  # the default: the launcher's setting applies
-        from_env = envvars.setting("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
-        if from_env is not None:
-            steps, source = int(from_env), "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
-    if steps < 1:
-        raise ValueError(
-            f"{source}={steps!r} is invalid: it must be >= 1 (1 means no accumulation). "
-            "Pass a positive number of micro-batches per optimizer step."
-        )
-    return GradientAccumulationPlugin(num_steps=steps)
-
-
-def _resolve_mixed_precision(value: Any) -> str | None:
-    """Validate the user's mixed_precision value (None: the launcher's setting applies)."""
-    if value is None:
-        return None
-    return parse_mixed_precision(
-        value,
-        "Accelerator(mixed_precision=...)",
-        "pass one of them, or None to use ACCELERATE_MIXED_PRECISION / the config file",
-    )
-
-
-def _resolve_dynamo(
-    backend: DynamoBackend | str | None, plugin: TorchDynamoPlugin | None
-) -> TorchDynamoPlugin:
-    if backend is not None and plugin is not None:
-        raise ValueError(
-            f"dynamo_backend={backend!r} and dynamo_plugin were both passed; pass only one "
-            "(TorchDynamoPlugin(backend=...) holds the backend too)."
-        )
-    if backend is not None:
-        return TorchDynamoPlugin(backend=backend)  # type: ignore[arg-type]  # a name is parsed
-    return plugin if plugin is not None else TorchDynamoPlugin()
-
-
-def _resolve_data_config(
-    config: DataLoaderConfiguration | None, split_batches: Any
-) -> DataLoaderConfiguration:
-    config = config if config is not None else DataLoaderConfiguration()
-    # Accelerate 1.15 ignores this deprecated argument; hasten applies it when it is given
-    # (None counts as not given), as a flag: a bool, a number, or text such as "true".
-    if split_batches is _UNSET or split_batches is None:
-        return config
-    if isinstance(split_batches, str):
-        try:
-            split_batches = str_to_bool(split_batches, to_bool=True)
-        except ValueError as err:
-            raise TypeError(f"split_batches must be a bool: {err}.") from None
-    config.split_batches = bool(split_batches)
-    return config
-
-
-def _resolve_deepspeed(
-    deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None,
-    deepspeed_plugins: dict[str, DeepSpeedPlugin] | None,
-) -> DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None:
-    """The DeepSpeed request (one plugin or a dict of named ones); the engine is chosen later."""
-    if deepspeed_plugin is not None and deepspeed_plugins is not None:
-        raise ValueError(
-            "deepspeed_plugin and deepspeed_plugins were both passed; pass only one "
-            "(deepspeed_plugins takes a dict of named plugins)."
-        )
-    return deepspeed_plugins if deepspeed_plugins is not None else deepspeed_plugin
-
 
 def _data_parallel_comm(mesh: DeviceMesh | None) -> Communicator | None:
     """Collectives over the data-parallel replicas of ``mesh`` (None: no mesh, every process)."""
@@ -226,6 +90,11 @@ def _data_parallel_comm(mesh: DeviceMesh | None) -> Communicator | None:
     from hasten.ops.comm import data_parallel_comm
 
     return data_parallel_comm(mesh)
+
+
+def _quantized_on_cpu() -> bool:
+    """Whether bitsandbytes runs quantized layers on CPU (names patched here, as in Accelerate)."""
+    return is_bitsandbytes_multi_backend_available() and not is_xpu_available()
 
 
 class Accelerator:
@@ -269,7 +138,7 @@ class Accelerator:
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = _UNSET,
+        split_batches: bool = UNSET,
         mixed_precision: PrecisionType | str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
@@ -293,20 +162,20 @@ class Accelerator:
         self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)
-        precision_name = _resolve_mixed_precision(mixed_precision)
-        accumulation = _resolve_accumulation(
+        precision_name = resolve_mixed_precision(mixed_precision)
+        accumulation = resolve_accumulation(
             gradient_accumulation_steps, gradient_accumulation_plugin
         )
-        dynamo = _resolve_dynamo(dynamo_backend, dynamo_plugin)
-        deepspeed = _resolve_deepspeed(deepspeed_plugin, deepspeed_plugins)
-        self.dataloader_config = _resolve_data_config(dataloader_config, split_batches)
-        handlers = _sort_handlers(kwargs_handlers)
+        dynamo = resolve_dynamo(dynamo_backend, dynamo_plugin)
+        deepspeed = resolve_deepspeed(deepspeed_plugin, deepspeed_plugins)
+        self.dataloader_config = resolve_data_config(dataloader_config, split_batches)
+        handlers = sort_handlers(kwargs_handlers)
         self.ddp_handler: Any = handlers.get("ddp_handler")
         self.scaler_handler: Any = handlers.get("scaler_handler")
         self.init_handler: Any = handlers.get("init_handler")
         self.autocast_handler: Any = handlers.get("autocast_handler")
         self.profile_handler: Any = handlers.get("profile_handler")
-        for slot in _FP8_SLOTS:
+        for slot in FP8_SLOTS:
             setattr(self, slot, handlers.get(slot))
         self.torch_tp_plugin = torch_tp_plugin
         parallelism_config = resolve_parallelism_config(parallelism_config, torch_tp_plugin)
@@ -343,12 +212,13 @@ class Accelerator:
         self.log_with = self._trackers.log_with if log_with is not None else []
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
-        self._models: list[nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[Any] = []
+        self._objects = PreparedObjects()  # the lists below are its lists, under their old names
+        self._models = self._objects.models
+        self._optimizers = self._objects.optimizers
+        self._schedulers = self._objects.schedulers
+        self._dataloaders = self._objects.dataloaders
+        self._prepared = self._objects.registry
         self._custom_objects: list[Any] = []
-        self._prepared = PreparedRegistry()
         self._checkpoint_manager: CheckpointManager | None = None
         if self.project_configuration.automatic_checkpoint_naming:
             # SIGTERM/SIGUSR1 then checkpoint and exit with code 75 (needs a project_dir too).
@@ -481,7 +351,7 @@ class Accelerator:
 
     @property
     def _fp8_recipe(self) -> Any:
-        return next((getattr(self, s) for s in _FP8_SLOTS if getattr(self, s) is not None), None)
+        return next((getattr(self, s) for s in FP8_SLOTS if getattr(self, s) is not None), None)
 
     @property
     def fp8_enabled(self) -> bool:
@@ -668,7 +538,7 @@ class Accelerator:
 
     # ------------------------------------------------------------------ prepare
 
-    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+    def prepare(self, *args: object, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, data loaders and schedulers; return them in order.
 
         Models are moved, compiled and wrapped (DDP when distributed), optimizers are pointed
@@ -689,19 +559,11 @@ class Accelerator:
                 (pass the wrapper: an object prepare returned comes back unchanged), or an
                 optimizer's parameters are not on the training device after its model moved.
         """
-        if device_placement is None:
-            placements: list[bool | None] = [None] * len(args)
-        elif len(device_placement) != len(args):
-            raise ValueError(
-                f"device_placement has {len(device_placement)} entries but {len(args)} objects "
-                "were passed; give one bool per object, in the same order."
-            )
-        else:
-            placements = list(device_placement)
-        self._check_unique(args)
+        placements = call_placements(len(args), device_placement)
+        check_unique(args)
         self.strategy.check_usable()
         # As in Accelerate, an object prepare returned before comes back as it is.
-        fresh = [i for i, obj in enumerate(args) if not self._hand_back(obj)]
+        fresh = [i for i, obj in enumerate(args) if not self._objects.hand_back(obj)]
         result = list(args)
         if fresh:
             prepared = self._prepare_fresh(
@@ -716,10 +578,10 @@ class Accelerator:
         call = self._prepare_call(args, placements)
         prepared = self.strategy.setup(call)
         if prepared.by_engine:
-            return self._register_engine_prepared(list(prepared.objects))
+            return self._objects.add_engine_prepared(list(prepared.objects))
         result = list(prepared.objects)
         for i in call.indices("model"):
-            self._record_model(result[i])
+            self._objects.record_model(result[i])
         models = [result[i] for i in call.indices("model")]
         for i, kind in enumerate(call.kinds):
             if kind == "optimizer":
@@ -732,7 +594,7 @@ class Accelerator:
             result[i] = self.prepare_scheduler(result[i])
         return result
 
-    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: nn.Module) -> Any:
+    def deepspeed_ulysses_dl_adapter(self, dl: object, model: nn.Module) -> Any:
         """Under DeepSpeed sequence parallelism (``ParallelismConfig(sp_size > 1)``), wrap the
         prepared ``dl`` so each process gets its shard of every sequence; otherwise return it.
 
@@ -755,12 +617,8 @@ class Accelerator:
     ) -> PrepareCall:
         """The `PrepareCall` of ``objects``: kinds, placements, and what the strategy needs of
         the run. Each model is claimed here (and checked for a dispatcher's placement)."""
-        kinds = tuple(kind_of(obj) for obj in objects)
-        places = [self.device_placement if p is None else p for p in placements]
-        for i, kind in enumerate(kinds):
-            if kind == "model":
-                self._prepared.claim(objects[i], "model")
-                places[i] = self._model_placement(objects[i], places[i])
+        run = (self.strategy, self.device, self.num_processes, _quantized_on_cpu)
+        kinds, places = self._objects.claim(objects, placements, self.device_placement, run)
         loaders = [obj for obj, kind in zip(objects, kinds) if kind == "data_loader"]
         return PrepareCall(
             objects=tuple(objects),
@@ -769,7 +627,11 @@ class Accelerator:
             device=self.device,
             precision=self.precision,
             dynamo=self.state.dynamo_plugin,
-            batch_sizes=tuple(self._batch_sizes(loaders)) if whole else (),
+            batch_sizes=tuple(
+                self._objects.batch_sizes(loaders, self.num_processes, self.split_batches)
+            )
+            if whole
+            else (),
             data=self.dataloader_config,
             rng_types=tuple(self.rng_types),
             earlier_models=tuple(self._models),
@@ -778,77 +640,10 @@ class Accelerator:
             evaluation=evaluation,
         )
 
-    def _record_model(self, prepared: nn.Module, evaluation_only: bool = False) -> None:
-        self._mark(prepared, evaluation_only=evaluation_only)
-        self._models.append(prepared)
-
-    def _hand_back(self, obj: Any, kind: str | None = None, training: bool = True) -> bool:
-        """If ``obj`` is already prepared (for training, if ``training``), register it where
-        prepare would have (once) and return True: prepare then returns it unchanged."""
-        kind = kind or kind_of(obj)
-        if kind == "other" or not self._prepared.hands_back(obj, training):
-            return False
-        registries: dict[str, list[Any]] = {
-            "model": self._models,
-            "optimizer": self._optimizers,
-            "scheduler": self._schedulers,
-            "data_loader": self._dataloaders,
-        }
-        registry = registries[kind]
-        if not any(item is obj for item in registry):
-            registry.append(obj)
-        return True
-
-    def _register_engine_prepared(self, prepared: list[Any]) -> list[Any]:
-        """Record what an engine prepared in one go (Megatron-LM) as prepare() would have."""
-        for obj in prepared:
-            if isinstance(obj, nn.Module):
-                self._models.append(obj)
-            elif isinstance(obj, AcceleratedOptimizer):
-                self._optimizers.append(obj)
-            elif isinstance(obj, AcceleratedScheduler):
-                self._schedulers.append(obj)
-            elif isinstance(obj, torch.utils.data.DataLoader):
-                self._dataloaders.append(obj)
-        return prepared
-
-    def _batch_sizes(self, loaders: list[Any]) -> list[int]:
-        """Per-process batch sizes of ``loaders`` (or of those of an earlier prepare call)."""
-        if not loaders:
-            return list(getattr(self, "_loader_batch_sizes", []))
-        sizes = [d.batch_size for d in loaders if d.batch_size is not None]
-        sizes = [s // self.num_processes for s in sizes] if self.split_batches else sizes
-        self._loader_batch_sizes = sizes
-        return sizes
-
     @property
     def deepspeed_engine_wrapped(self) -> Any:
         """The engine wrapper `backward` drives under DeepSpeed (None otherwise)."""
         return self.strategy.engine_wrapper
-
-    def _mark(self, prepared: Any, evaluation_only: bool = False) -> None:
-        # Accelerate's marker, which other libraries test to avoid preparing twice.
-        with contextlib.suppress(AttributeError):  # an object that takes no attributes
-            setattr(prepared, "_is_accelerate_prepared", True)  # noqa: B010
-        self._prepared.record(prepared, evaluation_only=evaluation_only)
-
-    @staticmethod
-    def _check_unique(args: Sequence[Any]) -> None:
-        seen: set[int] = set()
-        for obj in args:
-            # A MegatronLMDummyDataLoader stands for the train, valid and test loaders at once:
-            # Accelerate's documented usage passes it three times.
-            repeatable = getattr(obj, "_repeatable_in_prepare", False) is True
-            if (
-                id(obj) in seen
-                and not repeatable
-                and not isinstance(obj, (str, int, float, bool, type(None)))
-            ):
-                raise RuntimeError(
-                    f"The same {type(obj).__name__} was passed twice to one prepare() call; "
-                    "pass each object once."
-                )
-            seen.add(id(obj))
 
     def prepare_model(
         self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
@@ -864,49 +659,19 @@ class Accelerator:
             The model to train with (possibly a `DistributedDataParallel` or compiled wrapper).
         """
         self.strategy.check_usable()
-        if self._hand_back(model, "model", training=not evaluation_mode):
+        if self._objects.hand_back(model, "model", training=not evaluation_mode):
             return model
         call = self._prepare_call(
             (model,), [device_placement], whole=False, evaluation=evaluation_mode
         )
         prepared: nn.Module = self.strategy.setup(call).objects[0]
-        self._record_model(prepared, evaluation_only=evaluation_mode)
+        self._objects.record_model(prepared, evaluation_only=evaluation_mode)
         return prepared
-
-    def _model_placement(self, model: nn.Module, place: bool) -> bool:
-        """Whether ``model`` goes on the device: not when a dispatcher placed its layers.
-
-        Raises:
-            ValueError: a model dispatched over several devices, under a strategy that syncs
-                gradients across processes; or a quantized model placed where it cannot run.
-        """
-        if self.verify_device_map(model) and not envvars.read_flag("ACCELERATE_BYPASS_DEVICE_MAP"):
-            if self.strategy.syncs_gradients:
-                raise ValueError(
-                    "This model was dispatched over several devices (it has an hf_device_map), "
-                    f"which cannot be trained with {self.strategy.name!r} across "
-                    f"{self.num_processes} processes. Load it on one device per process (no "
-                    "device_map), or run a single process."
-                )
-            place = False  # the dispatcher placed each layer; moving it would undo that
-        if getattr(model, "hf_device_map", None) and (
-            getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False)
-        ):
-            from hasten.big_modeling.quantization import check_quantized_placement
-
-            check_quantized_placement(
-                dict(getattr(model, "hf_device_map", {})),
-                self.device,
-                distributed=self.num_processes > 1,
-                cpu_supported=is_bitsandbytes_multi_backend_available() and not is_xpu_available(),
-            )
-            place = False  # bitsandbytes placed the quantized weights
-        return place
 
     @staticmethod
     def verify_device_map(model: nn.Module) -> bool:
         """Tell whether ``model`` (or a submodule) was dispatched over several devices."""
-        return any(len(getattr(m, "hf_device_map", None) or ()) > 1 for m in model.modules())
+        return is_dispatched(model)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
@@ -918,7 +683,7 @@ class Accelerator:
                 back unchanged), or its parameters are not on the training device (prepare its
                 model in the same call, or first).
         """
-        if self._hand_back(optimizer, "optimizer"):
+        if self._objects.hand_back(optimizer, "optimizer"):
             return optimizer  # type: ignore[return-value]  # one prepare returned
         self._prepared.claim(optimizer, "optimizer")
         place = self.device_placement if device_placement is None else device_placement
@@ -927,7 +692,7 @@ class Accelerator:
         wrapped = self.strategy.wrap_optimizer(
             optimizer, device_placement=place, scaler=self.scaler
         )
-        self._mark(wrapped)
+        self._objects.mark(wrapped)
         self._optimizers.append(wrapped)
         self._scaled_without_optimizer = False
         return wrapped
@@ -945,31 +710,21 @@ class Accelerator:
                 back unchanged).
             ValueError: split_batches with a batch size not divisible by num_processes.
         """
-        if self._hand_back(data_loader, "data_loader"):
+        if self._objects.hand_back(data_loader, "data_loader"):
             return data_loader
         self._prepared.claim(data_loader, "data loader")
         place = self.device_placement if device_placement is None else device_placement
-        config = self.dataloader_config
-        from hasten.data_loader.prepare import prepare_data_loader
-
-        prepared = prepare_data_loader(
+        prepared = shard_data_loader(
             data_loader,
+            self.dataloader_config,
             self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            split_batches=config.split_batches,
+            (self.num_processes, self.process_index),
             put_on_device=place,
             rng_types=list(self.rng_types),
-            dispatch_batches=config.dispatch_batches,
-            even_batches=config.even_batches,
             slice_fn_for_dispatch=slice_fn_for_dispatch,
-            use_seedable_sampler=config.use_seedable_sampler,
-            data_seed=config.data_seed,
-            non_blocking=config.non_blocking,
-            use_stateful_dataloader=getattr(config, "use_stateful_dataloader", False),
-            torch_device_mesh=self.torch_device_mesh,
+            mesh=self.torch_device_mesh,
         )
-        self._mark(prepared)
+        self._objects.mark(prepared)
         self._dataloaders.append(prepared)
         return prepared
 
@@ -980,7 +735,7 @@ class Accelerator:
             RuntimeError: it was given to prepare before (the wrapper prepare returned comes
                 back unchanged).
         """
-        if self._hand_back(scheduler, "scheduler"):
+        if self._objects.hand_back(scheduler, "scheduler"):
             return scheduler
         self._prepared.claim(scheduler, "scheduler")
         owner = getattr(scheduler, "optimizer", None)
@@ -993,11 +748,13 @@ class Accelerator:
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
-        self._mark(wrapped)
+        self._objects.mark(wrapped)
         self._schedulers.append(wrapped)
         return wrapped
 
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+    def skip_first_batches(
+        self, dataloader: torch.utils.data.DataLoader[Any], num_batches: int = 0
+    ) -> Any:
         """Return a data loader that skips its first ``num_batches`` batches (to resume)."""
         from hasten.data_loader.skip import skip_first_batches
 
@@ -1063,10 +820,9 @@ class Accelerator:
         """Context forcing the next backward of a DDP ``model`` to all-reduce gradients."""
         return sync_in_backward(model)
 
-    @contextlib.contextmanager
     def join_uneven_inputs(
         self, joinables: list[Any], even_batches: bool | None = None
-    ) -> Iterator[Any]:
+    ) -> contextlib.AbstractContextManager[Any]:
         """Context for training on inputs whose length differs between processes.
 
         Under DDP, processes that run out of batches keep answering the others' all-reduces
@@ -1077,16 +833,10 @@ class Accelerator:
             even_batches: override ``even_batches`` of the prepared map-style data loaders
                 inside the context (e.g. False to really see uneven inputs).
         """
-        from hasten.data_loader.samplers import override_even_batches
+        from hasten.training.join import uneven_inputs
 
-        several = self.num_processes > 1
-        if several and not self.strategy.joins_uneven_inputs:
-            warnings.warn(_NO_JOIN.format(self.strategy.name), UserWarning, stacklevel=3)
-        with (
-            override_even_batches(self._dataloaders, even_batches, several=several),
-            self.strategy.join(joinables) as context,
-        ):
-            yield context
+        processes = self.num_processes
+        return uneven_inputs(self.strategy, processes, self._dataloaders, joinables, even_batches)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Unscale the gradients of ``optimizer`` (default: every prepared one) under fp16."""
@@ -1122,13 +872,13 @@ class Accelerator:
 
     # ------------------------------------------------------------------ collectives
 
-    def gather(self, tensor: Any) -> Any:
+    def gather(self, tensor: object) -> Any:
         """Concatenate ``tensor`` (any nesting) from all processes along dim 0."""
         from hasten.ops import collectives
 
         return collectives.gather(tensor)
 
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+    def gather_for_metrics(self, input_data: object, use_gather_object: bool = False) -> Any:
         """Gather evaluation outputs, dropping the samples duplicated to even out batches."""
         from hasten.training import metrics
 
@@ -1140,7 +890,7 @@ class Accelerator:
             comm=comm,
         )
 
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    def reduce(self, tensor: object, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce ``tensor`` across processes ("sum", "mean" or "none"), times ``scale``.
 
         With tensor/context parallelism only the data-parallel replicas are counted.
@@ -1161,7 +911,7 @@ class Accelerator:
             tensor, dim=dim, pad_index=pad_index, pad_first=pad_first
         )
 
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
+    def split_between_processes(self, inputs: object, apply_padding: bool = False) -> Any:
         """Context yielding this process's share of ``inputs`` (list, tuple, dict or tensor)."""
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
@@ -1187,7 +937,7 @@ class Accelerator:
 
     # ------------------------------------------------------------------ process helpers
 
-    def print(self, *args: Any, **kwargs: Any) -> None:
+    def print(self, *args: object, **kwargs: Any) -> None:
         """`print` on the local main process only."""
         self.state.print(*args, **kwargs)
 
@@ -1244,7 +994,7 @@ class Accelerator:
 
     # ------------------------------------------------------------------ memory
 
-    def free_memory(self, *objects: Any) -> list[Any]:
+    def free_memory(self, *objects: object) -> list[Any]:
         """Drop references to prepared objects, collect garbage and empty the device cache."""
         self._models.clear()
         self._optimizers.clear()
@@ -1258,7 +1008,7 @@ class Accelerator:
         gc.collect()
         return list(released) if isinstance(released, (list, tuple)) else [released]
 
-    def clear(self, *objects: Any) -> list[Any]:
+    def clear(self, *objects: object) -> list[Any]:
         """Alias of `free_memory`."""
         return self.free_memory(*objects)
 
@@ -1286,7 +1036,7 @@ class Accelerator:
             return model.state_dict()
         return self.strategy.model_state_dict(model, full=True)
 
-    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+    def save(self, obj: object, f: Any, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per job (once per node with ``save_on_each_node``)."""
         from hasten.checkpointing.storage import io
 
@@ -1327,7 +1077,7 @@ class Accelerator:
         if self.is_main_process:
             save_model_weights(state_dict, save_directory, max_shard_size, safe_serialization)
 
-    def register_for_checkpointing(self, *objects: Any) -> None:
+    def register_for_checkpointing(self, *objects: object) -> None:
         """Include ``objects`` (each with state_dict/load_state_dict) in save/load_state."""
         from hasten.checkpointing.manager import check_checkpointable
 

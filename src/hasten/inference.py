@@ -76,7 +76,9 @@ def generate_device_map(
     return device_map
 
 
-def find_pippy_batch_size(args: Any, kwargs: Any) -> int | None:
+def find_pippy_batch_size(
+    args: tuple[object, ...] | None, kwargs: dict[str, object] | None
+) -> int | None:
     """The batch size of the first tensor in ``args``, else in ``kwargs`` (None if none)."""
     for group in (args or (), (kwargs or {}).values()):
         for value in group:

@@ -41,7 +41,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         self._warned: set[tuple[Any, ...]] = set()
 
     def process(
-        self, msg: Any, kwargs: MutableMapping[str, Any]
+        self, msg: object, kwargs: MutableMapping[str, Any]
     ) -> tuple[Any, MutableMapping[str, Any]]:
         """Prefix the message with the process index in multi-process runs."""
         # stacklevel 2: report the caller of this adapter, not the adapter itself.
@@ -51,7 +51,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             msg = f"[RANK {state.process_index}] {msg}"
         return msg, kwargs
 
-    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         """Log `msg` at `level` on the processes chosen by `main_process_only` / `in_order`.
 
         Raises:
@@ -71,7 +71,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         elif not main_process_only or state.is_main_process:
             self.logger.log(level, msg, *args, **processed)
 
-    def warning_once(self, *args: Any, **kwargs: Any) -> None:
+    def warning_once(self, *args: object, **kwargs: Any) -> None:
         """Log a warning the first time these exact arguments are seen by this logger."""
         key = (args, tuple(sorted(kwargs.items())))
         if key in self._warned:
@@ -101,7 +101,7 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
     return MultiProcessAdapter(logger, {})
 
 
-def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Iterable[Any]:
+def tqdm(*args: object, main_process_only: bool = True, **kwargs: Any) -> Iterable[Any]:
     """Return a `tqdm.auto.tqdm` bar shown only on each machine's main process by default.
 
     Args:

@@ -102,7 +102,7 @@ class AcceleratedScheduler:
         """Return the wrapped scheduler's ``get_lr()``."""
         return self.scheduler.get_lr()
 
-    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+    def print_lr(self, *args: object, **kwargs: object) -> Any:
         """Call the wrapped scheduler's ``print_lr``."""
         return self.scheduler.print_lr(*args, **kwargs)
 

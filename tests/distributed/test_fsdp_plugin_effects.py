@@ -26,6 +26,7 @@ def _prepare(version: int, model: nn.Module | None = None, compile_fn: Any = Non
     """``model`` (a seeded TinyTransformer) prepared by the strategy of a plugin of ``fields``."""
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
     from hasten.precision import Precision
+    from hasten.strategies.call import PrepareCall
     from hasten.strategies.composable import ComposableStrategy
     from hasten.strategies.fsdp1 import FSDP1Strategy
 
@@ -41,7 +42,15 @@ def _prepare(version: int, model: nn.Module | None = None, compile_fn: Any = Non
     if compile_fn is not None:  # stands in for compilation, at its place in the written order
         parallelize.apply_compile = lambda module, dynamo: compile_fn(module)
     try:
-        prepared = strategy.prepare_module(model, CPU, precision=Precision("no"))
+        call = PrepareCall(
+            objects=(model,),
+            kinds=("model",),
+            placements=(True,),
+            device=CPU,
+            precision=Precision("no"),
+            whole=False,
+        )
+        prepared = strategy.setup(call).objects[0]
     finally:
         parallelize.apply_compile = compile_step
     return prepared, strategy

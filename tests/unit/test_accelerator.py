@@ -7,6 +7,7 @@ import json
 import pickle
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -287,9 +288,13 @@ def test_optimizer_follows_parameters_replaced_by_the_move() -> None:
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
         # Moving to float32 with overwrite on creates new Parameter objects.
-        orig_setup = acc.strategy.setup_module
-        acc.strategy.setup_module = lambda m, d: orig_setup(m.float(), d)  # type: ignore[method-assign]
-        p_model, p_opt = acc.prepare(model, opt)
+        from hasten.strategies import parallelize
+
+        place = parallelize.apply_placement
+        with mock.patch.object(
+            parallelize, "apply_placement", lambda m, d, **kw: place(m.float(), d, **kw)
+        ):
+            p_model, p_opt = acc.prepare(model, opt)
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(False)
     after = list(p_model.parameters())
@@ -578,8 +583,8 @@ def test_dispatched_model_is_not_moved() -> None:
     model.hf_device_map = {"0": "cpu", "2": "disk"}
     assert acc.verify_device_map(model)
     moved: list[object] = []
-    original = acc.strategy.setup_module
-    acc.strategy.setup_module = lambda m, d: moved.append(d) or original(m, d)  # type: ignore[method-assign]
+    original = acc.strategy.parallel_plan
+    acc.strategy.parallel_plan = lambda m, c, i: moved.append(c.device_of(i)) or original(m, c, i)  # type: ignore[method-assign]
     acc.prepare(model)
     assert moved == [None]
 

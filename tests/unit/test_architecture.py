@@ -13,7 +13,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "hasten"
 MODULES = sorted(SRC.rglob("*.py"))
 LINE_CAP = 800
-LINE_CAP_EXCEPTIONS = {"accelerator.py": 1500}
+LINE_CAP_EXCEPTIONS = {"accelerator.py": 1200}
 # `DistributedType.X` member access (a branch on the label) is allowed only where the label is
 # defined, declared by a platform, detected, resolved to an engine, mapped to a strategy, or written by the questionnaire.
 DISPATCH_ALLOWED = (
@@ -279,3 +279,76 @@ def test_only_the_dcp_module_saves_and_loads_through_dcp() -> None:
         + "\n".join(misplaced)
     )
     assert dcp_entry_uses((SRC / DCP_MODULE).read_text(encoding="utf-8")), "the rule sees nothing"
+
+
+#: The share of parameters annotated plain ``Any``, in percent, that each package may not exceed
+#: ("<top>": the modules directly under src/hasten). Lower a cap whenever real types replace
+#: ``Any``; never raise one. The checkpointing cap is lowered by the checkpoint rework.
+ANY_SHARE_CAPS = {
+    "<top>": 16.7,
+    "big_modeling": 5.5,
+    "checkpointing": 14.2,
+    "commands": 21.4,
+    "compat": 5.9,
+    "config": 29.4,
+    "core": 29.2,
+    "data_loader": 20.2,
+    "launchers": 7.2,
+    "ops": 26.8,
+    "platforms": 4.2,
+    "precision": 30.0,
+    "state": 18.3,
+    "strategies": 14.1,
+    "test_utils": 10.8,
+    "tracking": 25.7,
+    "training": 17.8,
+}
+ANY_SHARE_CAP_OVERALL = 16.1
+
+
+def any_annotations(source: str) -> tuple[int, int]:
+    """(parameters annotated plain ``Any``, all parameters) of the functions in ``source``;
+    ``self`` and ``cls`` are not counted, ``*args`` and ``**kwargs`` are."""
+    plain = total = 0
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = node.args
+        for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+            if arg is None or arg.arg in ("self", "cls"):
+                continue
+            total += 1
+            if arg.annotation is not None and ast.unparse(arg.annotation) in ("Any", "typing.Any"):
+                plain += 1
+    return plain, total
+
+
+def _package(path: Path) -> str:
+    parts = path.relative_to(SRC).parts
+    return parts[0] if len(parts) > 1 else "<top>"
+
+
+def test_any_annotations_are_counted_as_the_cap_means() -> None:
+    source = (
+        "def f(self, a: Any, b: int, *args: Any, c: typing.Any = 1, **kw: Any | None) -> Any:\n"
+        "    pass\n"
+    )
+    assert any_annotations(source) == (3, 5)
+
+
+def test_plain_any_share_stays_under_its_cap() -> None:
+    counts: dict[str, list[int]] = {}
+    for path in MODULES:
+        plain, total = any_annotations(path.read_text(encoding="utf-8"))
+        count = counts.setdefault(_package(path), [0, 0])
+        count[0] += plain
+        count[1] += total
+    shares = {pkg: 100 * plain / total for pkg, (plain, total) in counts.items() if total}
+    over = [
+        f"{pkg}: {share:.1f}% of parameters are plain Any (cap {ANY_SHARE_CAPS.get(pkg, 5.0)}%)"
+        for pkg, share in sorted(shares.items())
+        if share > ANY_SHARE_CAPS.get(pkg, 5.0)
+    ]
+    assert not over, "annotate with real types (a Protocol, a TypeVar, object):\n" + "\n".join(over)
+    overall = 100 * sum(c[0] for c in counts.values()) / sum(c[1] for c in counts.values())
+    assert overall <= ANY_SHARE_CAP_OVERALL, f"{overall:.1f}% of parameters are plain Any"

@@ -64,7 +64,6 @@ ACCELERATOR_IMPORTS = {
     "hasten.strategies",
     "hasten.strategies.base",
     "hasten.strategies.call",
-    "hasten.strategies.compile",
     "hasten.strategies.ddp",
     "hasten.strategies.rebind",
     "hasten.strategies.select",
@@ -73,6 +72,7 @@ ACCELERATOR_IMPORTS = {
     "hasten.strategies.unwrap",
     "hasten.training",
     "hasten.training.accumulation",
+    "hasten.training.arguments",
     "hasten.training.prepare",
 }
 

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from hasten.config import envvars
 from hasten.core.coerce import whole_number
@@ -28,7 +28,9 @@ __all__ = [
     "FSDP_SHARDING_STRATEGY",
     "FSDP_STATE_DICT_TYPE",
     "FullyShardedDataParallelPlugin",
+    "bind_wrap_policy",
     "get_module_class_from_name",
+    "model_no_split",
 ]
 
 # Names in the order of torch's enum values (ShardingStrategy.FULL_SHARD == 1, ...).
@@ -80,6 +82,49 @@ def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | Non
         if type(submodule).__name__ == name:
             return type(submodule)
     return None
+
+
+def bind_wrap_policy(
+    policy: Callable[..., bool] | None,
+    class_names: Iterable[str] | None,
+    min_num_params: int | None,
+    model: torch.nn.Module,
+) -> Callable[..., bool] | None:
+    """A wrap ``policy`` bound to ``model``: torch's transformer policy over the classes named in
+    ``class_names`` (default: ``model._no_split_modules``), its size policy over
+    ``min_num_params`` (None when 0), any other policy as it is.
+
+    Raises:
+        ValueError: a layer class name is not used anywhere in ``model``.
+    """
+    from torch.distributed.fsdp.wrap import (
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
+
+    if policy is transformer_auto_wrap_policy:
+        names = class_names if class_names is not None else model_no_split(model)
+        classes = set()
+        for name in names:
+            found = get_module_class_from_name(model, name)
+            if found is None:
+                present = sorted({type(m).__name__ for m in model.modules()})
+                raise ValueError(
+                    f"transformer_cls_names_to_wrap has {name!r}, which is not a layer class "
+                    f"of this model; classes present: {present}"
+                )
+            classes.add(found)
+        return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+    if policy is size_based_auto_wrap_policy:
+        if not min_num_params:
+            return None
+        return functools.partial(size_based_auto_wrap_policy, min_num_params=min_num_params)
+    return policy
+
+
+def model_no_split(model: torch.nn.Module) -> list[str]:
+    """The layer class names ``model`` declares as not to be split (``_no_split_modules``)."""
+    return list(getattr(model, "_no_split_modules", None) or [])
 
 
 @dataclasses.dataclass
@@ -412,36 +457,15 @@ class FullyShardedDataParallelPlugin:
         Raises:
             ValueError: a layer class name is not used anywhere in `model`.
         """
-        from torch.distributed.fsdp.wrap import (
-            size_based_auto_wrap_policy,
-            transformer_auto_wrap_policy,
-        )
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-        if self.auto_wrap_policy is transformer_auto_wrap_policy:
-            if self.transformer_cls_names_to_wrap is None:
-                self.transformer_cls_names_to_wrap = list(
-                    getattr(model, "_no_split_modules", None) or []
-                )
-            classes = set()
-            for name in self.transformer_cls_names_to_wrap:
-                found = get_module_class_from_name(model, name)
-                if found is None:
-                    present = sorted({type(m).__name__ for m in model.modules()})
-                    raise ValueError(
-                        f"transformer_cls_names_to_wrap has {name!r}, which is not a layer class "
-                        f"of this model; classes present: {present}"
-                    )
-                classes.add(found)
-            self.auto_wrap_policy = functools.partial(
-                transformer_auto_wrap_policy, transformer_layer_cls=classes
-            )
-        elif self.auto_wrap_policy is size_based_auto_wrap_policy:
-            if self.min_num_params:
-                self.auto_wrap_policy = functools.partial(
-                    size_based_auto_wrap_policy, min_num_params=self.min_num_params
-                )
-            else:
-                self.auto_wrap_policy = None
+        wraps_layers = self.auto_wrap_policy is transformer_auto_wrap_policy
+        if wraps_layers and self.transformer_cls_names_to_wrap is None:
+            self.transformer_cls_names_to_wrap = model_no_split(model)
+        policy = cast("Callable[..., bool] | None", self.auto_wrap_policy)  # names resolved
+        self.auto_wrap_policy = bind_wrap_policy(
+            policy, self.transformer_cls_names_to_wrap, self.min_num_params, model
+        )
 
     def set_mixed_precision(
         self,

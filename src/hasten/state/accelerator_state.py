@@ -27,7 +27,11 @@ from hasten.state.mesh import build_device_mesh
 from hasten.state.partial import PartialState
 
 if TYPE_CHECKING:
+    from hasten.config.deepspeed import DeepSpeedPlugin
+    from hasten.config.dynamo import TorchDynamoPlugin
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
     from hasten.config.megatron import MegatronLMPlugin
+    from hasten.config.parallelism import ParallelismConfig, TorchTensorParallelPlugin
 
 __all__ = ["AcceleratorState"]
 
@@ -116,12 +120,12 @@ class AcceleratorState(SharedState):
         self,
         mixed_precision: str | None = None,
         cpu: bool = False,
-        dynamo_plugin: Any = None,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
-        torch_tp_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
-        parallelism_config: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        torch_tp_plugin: TorchTensorParallelPlugin | None = None,
+        megatron_lm_plugin: MegatronLMPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
         _from_accelerator: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -164,9 +168,9 @@ class AcceleratorState(SharedState):
         self.dynamo_plugin = plugins["dynamo_plugin"]
         self.torch_tp_plugin = plugins["torch_tp_plugin"]
         self.parallelism_config = plugins["parallelism_config"]
-        self.fsdp_plugin = None
+        self.fsdp_plugin: FullyShardedDataParallelPlugin | None = None
         self.megatron_lm_plugin: MegatronLMPlugin | None = None
-        self.deepspeed_plugins = None
+        self.deepspeed_plugins: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None
         self.device_mesh = None
         self._check_context_parallel(plugins)
         self._mixed_precision = mixed_precision

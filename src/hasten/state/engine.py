@@ -20,10 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hasten.config import envvars
 from hasten.config.enums import DistributedType
+
+if TYPE_CHECKING:
+    from hasten.config.deepspeed import DeepSpeedPlugin
+    from hasten.config.fsdp import FullyShardedDataParallelPlugin
+    from hasten.config.megatron import MegatronLMPlugin
+
+    #: One DeepSpeed plugin, or several by name (``deepspeed_plugins=``).
+    DeepSpeedPlugins = DeepSpeedPlugin | dict[str, DeepSpeedPlugin]
 
 __all__ = ["ENGINES", "EngineChoice", "resolve_engine"]
 
@@ -52,9 +60,9 @@ class EngineChoice:
 
     name: str
     distributed_type: DistributedType
-    fsdp_plugin: Any = None
-    deepspeed_plugins: Any = None
-    megatron_lm_plugin: Any = None
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+    deepspeed_plugins: DeepSpeedPlugins | None = None
+    megatron_lm_plugin: MegatronLMPlugin | None = None
     requested: tuple[str, ...] = ()
 
     @property
@@ -62,7 +70,7 @@ class EngineChoice:
         """1 or 2 when FSDP shards the model, else None."""
         if self.name != "fsdp" or self.fsdp_plugin is None:
             return None
-        return int(getattr(self.fsdp_plugin, "fsdp_version", 1))
+        return int(self.fsdp_plugin.fsdp_version or 1)
 
     @property
     def is_fsdp2(self) -> bool:
@@ -78,8 +86,15 @@ class EngineChoice:
 
 
 def _requested_plugins(
-    deepspeed: Any, fsdp: Any, megatron: Any
-) -> tuple[Any, Any, Any, tuple[str, ...]]:
+    deepspeed: DeepSpeedPlugins | None,
+    fsdp: FullyShardedDataParallelPlugin | None,
+    megatron: MegatronLMPlugin | None,
+) -> tuple[
+    DeepSpeedPlugins | None,
+    FullyShardedDataParallelPlugin | None,
+    MegatronLMPlugin | None,
+    tuple[str, ...],
+]:
     """The plugins asked for by argument or by the launcher's ACCELERATE_USE_* variables."""
     if deepspeed is None and envvars.setting("ACCELERATE_USE_DEEPSPEED"):
         from hasten.config.deepspeed import DeepSpeedPlugin
@@ -122,9 +137,9 @@ def resolve_engine(
     base: DistributedType,
     *,
     cpu: bool,
-    deepspeed_plugin: Any = None,
-    fsdp_plugin: Any = None,
-    megatron_lm_plugin: Any = None,
+    deepspeed_plugin: DeepSpeedPlugins | None = None,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+    megatron_lm_plugin: MegatronLMPlugin | None = None,
     context_parallel: bool = False,
 ) -> EngineChoice:
     """Decide the engine of this run once.

@@ -6,8 +6,10 @@ The Accelerator never branches on `DistributedType`; it asks its strategy object
 answers, for the whole run:
 
 - ``select_precision``: the numeric policy (autocast + scaler, or the engine's own policy);
-- ``setup(PrepareCall)``: one prepare call's objects together (wrap/shard the models in the
-  engine's order, then point the optimizers at the new parameters by name, with a count check);
+- ``setup(PrepareCall)``: the one set-up hook: one prepare call's objects together (each model
+  through `strategies.parallelize` with the plan ``parallel_plan`` gives it, then the optimizers
+  pointed at the new parameters by name, with a count check); engines that set up a call at
+  once (FSDP1, DeepSpeed, Megatron-LM) override it;
 - ``backward_fn`` / ``wrap_optimizer``: whether it owns backward and the optimizer step;
 - ``no_sync`` / ``clip_grad_norm_`` / ``unwrap``: per-step helpers;
 - ``model_state_dict`` / ``optimizer_state_dict`` (+ ``load_*``): full or sharded state dicts;
@@ -32,7 +34,6 @@ from hasten.optimizer import AcceleratedOptimizer, unwrap_optimizer
 from hasten.precision import Precision, select_precision
 from hasten.scheduler import AcceleratedScheduler
 from hasten.strategies.call import PrepareCall, Prepared
-from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.rebind import canonical_name, parameter_ids, rebind_optimizers
 from hasten.strategies.unwrap import extract_model_from_parallel
 
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
     from hasten.config.enums import PrecisionType
     from hasten.config.kwargs import AutocastKwargs, FP8Recipe, GradScalerKwargs
     from hasten.strategies.checkpoints import LayoutFactory
+    from hasten.strategies.parallelize import ParallelPlan
 
-__all__ = ["BackwardFn", "Strategy"]
+__all__ = ["BackwardFn", "Strategy", "set_up_models", "together"]
 
 BackwardFn = Callable[..., None]
 LayoutT = TypeVar("LayoutT")
@@ -90,10 +92,11 @@ class Strategy:
         """Set up one prepare call's objects together (the one set-up hook).
 
         The precision policy sees a ``prepare`` call's objects first (MS-AMP casts a model and
-        its optimizer together); each model then goes through `prepare_module` (for evaluation:
-        autocast, placement and compilation only); then every optimizer of the call (and of
-        earlier calls) is pointed at the parameters that replaced the ones it held, matched
-        by parameter name. Engines that set up a whole call at once override this.
+        its optimizer together); each model then goes through `parallelize` with the plan
+        `parallel_plan` gives it (for evaluation: placement, autocast and compilation only);
+        then every optimizer of the call (and of earlier calls) is pointed at the parameters
+        that replaced the ones it held, matched by parameter name (`set_up_models`). Engines
+        that set up a whole call at once (FSDP1, DeepSpeed, Megatron-LM) override this.
 
         Returns:
             The call's objects in order, models replaced by the prepared ones and optimizers
@@ -102,45 +105,26 @@ class Strategy:
         Raises:
             ValueError: an optimizer holds parameters that cannot be matched after set-up.
         """
-        objects = list(call.objects)
-        if call.whole:
-            objects = list(call.precision.prepare_together(objects))
-        models = call.indices("model")
+        from hasten.strategies.parallelize import ParallelPlan, parallelize
+
+        objects = together(call)
         if call.evaluation:
-            for i in models:
-                objects[i] = _for_evaluation(objects[i], call.device_of(i), call)
+            for i in call.indices("model"):
+                plan = ParallelPlan(call.device_of(i), precision=call.precision, dynamo=call.dynamo)
+                objects[i] = parallelize(objects[i], plan)
             return Prepared.of(objects)
-        before = [parameter_ids(objects[i]) for i in models]  # ids: sharding may free tensors
-        self.prepare_models(call, objects)
-        after = [_named(self.unwrap(objects[i], keep_torch_compile=False)) for i in models]
-        optimizers = [objects[i] for i in call.indices("optimizer")]
-        rebind_optimizers([*optimizers, *call.earlier_optimizers], before, after)
-        return Prepared.of(objects)
 
-    def prepare_models(self, call: PrepareCall, objects: list[Any]) -> None:
-        """Replace, in ``objects``, each model of ``call`` by what `prepare_module` makes of it."""
-        for i in call.indices("model"):
-            objects[i] = self.prepare_module(
-                objects[i], call.device_of(i), precision=call.precision, dynamo=call.dynamo
-            )
+        def set_up(model: nn.Module, index: int) -> nn.Module:
+            return parallelize(model, self.parallel_plan(model, call, index))
 
-    def prepare_module(
-        self,
-        module: nn.Module,
-        device: torch.device | None,
-        *,
-        precision: Precision,
-        dynamo: CompileSettings | None = None,
-    ) -> nn.Module:
-        """Precision forward, move + wrap, then compile (engines may choose another order)."""
-        precision.wrap_forward(module)
-        return compile_model(self.setup_module(module, device), dynamo)
+        return set_up_models(self, call, objects, set_up)
 
-    def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
-        """Move ``module`` to ``device`` (None: leave it where it is) and wrap it if needed."""
-        if device is not None:
-            module = module.to(device)
-        return module
+    def parallel_plan(self, model: nn.Module, call: PrepareCall, index: int) -> ParallelPlan:
+        """The `ParallelPlan` for model ``index`` of ``call`` (default: placement, the
+        precision policy's forward and compilation)."""
+        from hasten.strategies.parallelize import ParallelPlan
+
+        return ParallelPlan(call.device_of(index), precision=call.precision, dynamo=call.dynamo)
 
     def accumulation_steps(self, requested: int, explicit: bool) -> int:
         """The run's accumulation steps (engines whose config sets them may differ or refuse)."""
@@ -278,10 +262,35 @@ class Strategy:
         return f"{type(self).__name__}()"
 
 
-def _for_evaluation(model: nn.Module, device: torch.device | None, call: PrepareCall) -> nn.Module:
-    """A model for inference only: autocast forward, placement and compilation, no wrapper."""
-    call.precision.wrap_forward(model)
-    return compile_model(model.to(device) if device is not None else model, call.dynamo)
+def together(call: PrepareCall) -> list[Any]:
+    """The call's objects, as the precision policy prepares a whole ``prepare`` call's objects
+    together (MS-AMP casts a model and its optimizer at once)."""
+    objects = list(call.objects)
+    if call.whole:
+        objects = list(call.precision.prepare_together(objects))
+    return objects
+
+
+def set_up_models(
+    strategy: Strategy,
+    call: PrepareCall,
+    objects: list[Any],
+    set_up: Callable[[nn.Module, int], nn.Module],
+) -> Prepared:
+    """Replace each model of ``call`` in ``objects`` by ``set_up(model, index)``, then point
+    the call's (and earlier calls') optimizers at the new parameters by name.
+
+    Raises:
+        ValueError: an optimizer holds parameters that cannot be matched after set-up.
+    """
+    models = call.indices("model")
+    before = [parameter_ids(objects[i]) for i in models]  # ids: sharding may free tensors
+    for i in models:
+        objects[i] = set_up(objects[i], i)
+    after = [_named(strategy.unwrap(objects[i], keep_torch_compile=False)) for i in models]
+    optimizers = [objects[i] for i in call.indices("optimizer")]
+    rebind_optimizers([*optimizers, *call.earlier_optimizers], before, after)
+    return Prepared.of(objects)
 
 
 def _named(module: nn.Module) -> dict[str, nn.Parameter]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -25,17 +25,12 @@ from typing_extensions import override
 
 from hasten.precision import Precision
 from hasten.state.mesh import submesh
+from hasten.strategies.call import PrepareCall
 from hasten.strategies.compile import CompileSettings
-from hasten.strategies.fsdp_plugin import resolve_offload
+from hasten.strategies.fsdp_plugin import fsdp_settings, resolve_offload
 from hasten.strategies.parallelize import ParallelPlan, parallelize
-from hasten.strategies.sharded import (
-    ShardedStrategy,
-    saves_shards,
-    state_dict_options,
-    tied_parameter_names,
-)
+from hasten.strategies.sharded import ShardedStrategy, saves_shards, tied_parameter_names
 from hasten.strategies.tensor_parallel import clip_mixed_grad_norm_
-from hasten.strategies.unwrap import is_compiled_module
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -62,16 +57,6 @@ def fsdp_mesh(mesh: DeviceMesh, config: ParallelismConfig) -> DeviceMesh:
     if not config.dp_replicate_enabled:
         return submesh(mesh, shard)  # type: ignore[return-value]
     return mesh["dp_replicate", shard]
-
-
-def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    found = {}
-    for prefix, module in model.named_modules():
-        for name in getattr(module, "_non_persistent_buffers_set", ()):
-            buffer = module._buffers.get(name)
-            if buffer is not None:
-                found[f"{prefix}.{name}" if prefix else name] = buffer
-    return found
 
 
 def _refuse_meta(module: nn.Module) -> None:
@@ -123,21 +108,31 @@ class ComposableStrategy(ShardedStrategy):
                 "ComposableStrategy needs an FSDP plugin (fsdp_version=2) or a ParallelismConfig "
                 "with tp_size > 1"
             )
-        if plugin is None:
-            # Tensor parallelism alone: full state dicts on every process, and the per-step
-            # behaviour of a replicated run (gradients of a replica are complete after backward).
-            # Its parameters are still split: full checkpoints load through the engine.
-            self.name = "tensor_parallel"
-            self.syncs_gradients = False
-            self.full_offload = False
-        else:
-            self.name = "fsdp2"
+        # Tensor parallelism alone: full state dicts on every process, and the per-step
+        # behaviour of a replicated run (gradients of a replica are complete after backward).
+        # Its parameters are still split: full checkpoints load through the engine.
+        self.fsdp = fsdp_settings(plugin) if plugin is not None else None
         if self.tensor_parallel and plugin is not None and plugin.cpu_ram_efficient_loading:
             raise ValueError(
                 "cpu_ram_efficient_loading with tp_size > 1 is not supported: the tensor-parallel "
                 "plan is applied to real weights before FSDP2 shards them. Set "
                 "cpu_ram_efficient_loading=False (FSDP_CPU_RAM_EFFICIENT_LOADING=false)."
             )
+
+    @property
+    @override
+    def name(self) -> str:  # type: ignore[override]
+        return "fsdp2" if self.plugin is not None else "tensor_parallel"
+
+    @property
+    @override
+    def syncs_gradients(self) -> bool:  # type: ignore[override]
+        return self.plugin is not None
+
+    @property
+    @override
+    def full_offload(self) -> bool:  # type: ignore[override]
+        return self.plugin is not None
 
     @override
     def check_usable(self) -> None:
@@ -151,14 +146,22 @@ class ComposableStrategy(ShardedStrategy):
                 "recomputes activations)."
             )
 
-    def plan(self, precision: Precision, dynamo: CompileSettings | None) -> ParallelPlan:
+    def plan(
+        self, precision: Precision, dynamo: CompileSettings | None, device: torch.device | None
+    ) -> ParallelPlan:
         """The `ParallelPlan` each model of this run gets (builds the 1-D mesh on first use)."""
+        fsdp = self.fsdp
+        activation_checkpointing = self.plugin is not None and self.plugin.activation_checkpointing
+        if fsdp is not None and fsdp.from_rank0 and device is None:
+            device = self.device  # the empty shards are filled on this process's device
         return ParallelPlan(
+            device=device,
             tp_mesh=submesh(self.mesh, "tp") if self.tensor_parallel else None,
-            fsdp=self.plugin,
-            fsdp_mesh=self._fsdp_mesh() if self.plugin is not None else None,
+            checkpoint=fsdp.wrap if fsdp is not None and activation_checkpointing else None,
             precision=precision,
             dynamo=dynamo,
+            fsdp=fsdp,
+            fsdp_mesh=self._fsdp_mesh() if fsdp is not None else None,
         )
 
     def _fsdp_mesh(self) -> DeviceMesh:
@@ -172,59 +175,35 @@ class ComposableStrategy(ShardedStrategy):
         return fsdp_mesh(self.mesh, self.config)
 
     @override
-    def prepare_module(
+    def parallel_plan(self, model: nn.Module, call: PrepareCall, index: int) -> ParallelPlan:
+        """The run's plan for ``model`` (see `read_model`)."""
+        self.read_model(model)
+        return self.plan(call.precision, call.dynamo, call.device_of(index))
+
+    def read_model(self, model: nn.Module) -> None:
+        """Read ``model`` before it is parallelized: its tied parameter names are kept for
+        saving, and a model on meta is refused unless rank 0's weights fill it.
+
+        Raises:
+            ValueError: a model on meta under FSDP2 without ``cpu_ram_efficient_loading``.
+        """
+        self.check_usable()
+        ties = tied_parameter_names(model)
+        if self.fsdp is not None and not self.fsdp.from_rank0:
+            _refuse_meta(model)
+        self._record_ties(model, ties)
+
+    def shard(
         self,
-        module: nn.Module,
+        model: nn.Module,
         device: torch.device | None,
         *,
         precision: Precision,
         dynamo: CompileSettings | None = None,
     ) -> nn.Module:
-        self.check_usable()
-        ties = tied_parameter_names(module)
-        efficient = self.plugin is not None and bool(self.plugin.cpu_ram_efficient_loading)
-        if not efficient and self.plugin is not None:
-            _refuse_meta(module)
-        full_state = self._take_weights(module) if efficient else None
-        buffers = _non_persistent_buffers(module) if efficient else {}
-        if efficient:
-            module.to("meta")
-        elif device is not None:
-            module.to(device)
-        prepared = parallelize(module, self.plan(precision, dynamo))
-        if full_state is not None:
-            inner = (
-                cast(nn.Module, prepared._orig_mod) if is_compiled_module(prepared) else prepared
-            )
-            self._broadcast_weights(inner, full_state, buffers, device or self.device)
-        self._record_ties(prepared, ties)
-        return prepared
-
-    @staticmethod
-    def _take_weights(module: nn.Module) -> dict[str, torch.Tensor]:
-        """Rank 0's real weights (other ranks may hold a meta model: nothing to keep)."""
-        if dist.get_rank() != 0:
-            return {}
-        # Views of the weights: moving the module to meta keeps only this one copy alive.
-        return {k: v.detach() for k, v in module.state_dict().items()}
-
-    def _broadcast_weights(
-        self,
-        module: nn.Module,
-        full_state: dict[str, torch.Tensor],
-        buffers: dict[str, torch.Tensor],
-        device: torch.device,
-    ) -> None:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        module.to_empty(device=device)
-        options = state_dict_options(full=True, cpu_offload=False)
-        set_model_state_dict(module, dict(full_state), options=options)
-        for name, value in buffers.items():  # not in state dicts: rank 0's copy wins
-            tensor = torch.empty_like(value, device=device) if value.is_meta else value.to(device)
-            dist.broadcast(tensor, src=0)
-            owner, _, leaf = name.rpartition(".")
-            module.get_submodule(owner)._buffers[leaf] = tensor
+        """One model through `parallelize` outside a prepare call (``fsdp2_prepare_model``)."""
+        self.read_model(model)
+        return parallelize(model, self.plan(precision, dynamo, device))
 
     @override
     def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[None]:

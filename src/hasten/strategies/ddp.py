@@ -1,19 +1,28 @@
-"""Distributed data parallel: one model replica per process, gradients all-reduced in backward."""
+"""Distributed data parallel: one model replica per process, gradients all-reduced in backward.
+
+The wrapper is `strategies.parallelize`'s DDP step; this strategy gives it `DDPSettings` and
+answers the per-step questions (``no_sync``, ``join``, syncing inside ``no_sync``).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from hasten.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from hasten.strategies.call import PrepareCall
+    from hasten.strategies.parallelize import ParallelPlan
+    from hasten.strategies.settings import DDPSettings
 
 __all__ = ["DDPStrategy", "DDPWrapSettings", "sync_in_backward"]
 
@@ -79,16 +88,18 @@ class DDPStrategy(Strategy):
             kwargs.setdefault("output_device", self.device_ids[0])
         return kwargs
 
+    def settings(self) -> DDPSettings:
+        """The DDP step's settings: the constructor's kwargs and the user's comm hook."""
+        from hasten.strategies.settings import DDPSettings
+
+        hook = self.ddp_kwargs.register_comm_hook if self.ddp_kwargs is not None else None
+        return DDPSettings(kwargs=self.wrap_kwargs(), comm_hook=hook)
+
     @override
-    def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
-        module = super().setup_module(module, device)
-        if not any(p.requires_grad for p in module.parameters()):
-            # DDP refuses modules without trainable parameters (e.g. a frozen evaluation model).
-            return module
-        wrapped = DistributedDataParallel(module, **self.wrap_kwargs())
-        if self.ddp_kwargs is not None:
-            self.ddp_kwargs.register_comm_hook(wrapped)
-        return wrapped
+    def parallel_plan(self, model: nn.Module, call: PrepareCall, index: int) -> ParallelPlan:
+        """Placement, autocast, then the DDP wrapper, then compilation (`parallelize`)."""
+        plan = super().parallel_plan(model, call, index)
+        return dataclasses.replace(plan, ddp=self.settings())
 
     @override
     def no_sync(self, module: nn.Module) -> AbstractContextManager[None]:

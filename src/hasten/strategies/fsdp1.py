@@ -24,10 +24,11 @@ from typing_extensions import override
 
 from hasten.optimizer import unwrap_optimizer
 from hasten.precision import Precision, select_precision
+from hasten.strategies.base import set_up_models, together
 from hasten.strategies.call import PrepareCall, Prepared
 from hasten.strategies.compile import CompileSettings, compile_model
 from hasten.strategies.fsdp1_gather import gather_units, weights_layout
-from hasten.strategies.fsdp_plugin import ignored_modules
+from hasten.strategies.fsdp_plugin import ignored_modules, wrap_settings
 from hasten.strategies.rebind import canonical_name
 from hasten.strategies.sharded import (
     ShardedStrategy,
@@ -117,21 +118,16 @@ class FSDP1Strategy(ShardedStrategy):
             "use_orig_params": bool(plugin.use_orig_params),
             "limit_all_gathers": plugin.limit_all_gathers,
             "sync_module_states": bool(plugin.sync_module_states),
-            "ignored_modules": ignored_modules(plugin, module) or None,
+            "ignored_modules": ignored_modules(plugin.ignored_modules, module) or None,
             "param_init_fn": plugin.param_init_fn,
             "device_id": self.device if self.device.type == "cpu" else self.device.index,
         }
         return kwargs
 
-    @override
-    def prepare_module(
-        self,
-        module: nn.Module,
-        device: torch.device | None,
-        *,
-        precision: Precision,
-        dynamo: CompileSettings | None = None,
+    def _wrap(
+        self, module: nn.Module, precision: Precision, dynamo: CompileSettings | None
     ) -> nn.Module:
+        """Autocast forward, the FSDP1 wrapper (+ activation checkpointing), then compile."""
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         self.check_usable()
@@ -152,15 +148,20 @@ class FSDP1Strategy(ShardedStrategy):
         """With ``use_orig_params=False`` FSDP1 flattens the parameters: an optimizer over all
         of one model's parameters is pointed at its flat parameters (nothing else can follow),
         and the names of the parameters it was built on are kept (see `_built_on`)."""
-        if self.plugin.use_orig_params or call.evaluation:
+        if call.evaluation:
             return super().setup(call)
-        objects = list(call.objects)
-        if call.whole:
-            objects = list(call.precision.prepare_together(objects))
+        objects = together(call)
+
+        def wrap(model: nn.Module, index: int) -> nn.Module:
+            return self._wrap(model, call.precision, call.dynamo)
+
+        if self.plugin.use_orig_params:
+            return set_up_models(self, call, objects, wrap)
         models = call.indices("model")
         originals = [list(objects[i].parameters()) for i in models]
         names = {id(p): canonical_name(n) for i in models for n, p in objects[i].named_parameters()}
-        self.prepare_models(call, objects)
+        for i in models:
+            objects[i] = wrap(objects[i], i)
         prepared = [objects[i] for i in models]
         for i in call.indices("optimizer"):
             held = [p for group in objects[i].param_groups for p in group["params"]]
@@ -234,9 +235,8 @@ def _checkpoint_blocks(
         checkpoint_wrapper,
     )
 
-    bound = copy.copy(plugin)
-    bound.set_auto_wrap_policy(original)
-    keywords = getattr(bound.auto_wrap_policy, "keywords", None) or {}
+    bound = wrap_settings(plugin).bind(original)
+    keywords = getattr(bound, "keywords", None) or {}
     classes = tuple(keywords.get("transformer_layer_cls", ()))
     if not classes:
         raise ValueError(

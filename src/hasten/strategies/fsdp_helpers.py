@@ -20,7 +20,7 @@ from hasten.precision import Precision
 from hasten.state import PartialState
 from hasten.strategies.composable import ComposableStrategy
 from hasten.strategies.fsdp1 import FSDP1Strategy
-from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard
+from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard, wrap_settings
 from hasten.strategies.parallelize import apply_ac
 from hasten.strategies.rebind import canonical_name
 from hasten.strategies.sharded import ShardedStrategy, state_dict_options
@@ -114,7 +114,7 @@ def fsdp2_prepare_model(accelerator: FSDPRunView, model: nn.Module) -> nn.Module
     strategy = fsdp_strategy(None, accelerator)
     if not isinstance(strategy, ComposableStrategy) or strategy.plugin is None:
         raise ValueError("fsdp2_prepare_model needs fsdp_version=2 in the FSDP plugin.")
-    return strategy.prepare_module(model, accelerator.device, precision=Precision(), dynamo=None)
+    return strategy.shard(model, accelerator.device, precision=Precision(), dynamo=None)
 
 
 def fsdp2_load_full_state_dict(
@@ -149,7 +149,7 @@ def fsdp2_switch_optimizer_parameters(optimizer: torch.optim.Optimizer, mapping:
 def fsdp2_apply_ac(accelerator: FSDPRunView, model: nn.Module) -> nn.Module:
     """Checkpoint the activations of the blocks the plugin's wrap policy picks."""
     plugin = fsdp_strategy(None, accelerator).plugin  # an FSDP strategy's: never None here
-    return apply_ac(model, cast("FullyShardedDataParallelPlugin", plugin))
+    return apply_ac(model, wrap_settings(cast("FullyShardedDataParallelPlugin", plugin)))
 
 
 def fsdp2_canonicalize_names(named_params: dict) -> dict:
@@ -161,7 +161,7 @@ def fsdp2_prepare_auto_wrap_policy(
     fsdp2_plugin: FullyShardedDataParallelPlugin, model: nn.Module
 ) -> Callable[[nn.Module], bool] | None:
     """``policy(module) -> bool`` for the plugin's wrap policy bound to ``model`` (None: no wrap)."""
-    chosen = {id(m) for m in modules_to_shard(fsdp2_plugin, model, [])}
+    chosen = {id(m) for m in modules_to_shard(wrap_settings(fsdp2_plugin), model, [])}
     if not chosen:
         return None
     return lambda module: id(module) in chosen
@@ -176,8 +176,7 @@ def get_parameters_from_modules(
     modules: Iterable[nn.Module] | str, model: nn.Module, device: Any
 ) -> set[nn.Parameter]:
     """The parameters of ``modules`` (modules, or a regex of module names in ``model``)."""
-    holder = type("_Spec", (), {"ignored_modules": modules})()
-    return {p for module in ignored_modules(holder, model) for p in module.parameters()}
+    return {p for module in ignored_modules(modules, model) for p in module.parameters()}
 
 
 def ensure_weights_retied(param_init_fn: Any, model: nn.Module, device: torch.device) -> Any:

@@ -1,5 +1,6 @@
-"""What an FSDP plugin asks for, read against one model: the blocks its wrap policy picks, the
-modules it leaves alone, and the offload policy that can run here.
+"""What an FSDP plugin asks for: read once into `FSDPSettings` / `WrapSettings`, then against one
+model: the blocks a wrap policy picks, the modules FSDP leaves alone, and the offload policy that
+can run here.
 
 Shared by FSDP2's steps in `strategies.parallelize` (activation checkpointing, ``fully_shard``),
 FSDP1 (ignored modules) and Accelerate's ``fsdp_utils`` helpers.
@@ -7,18 +8,27 @@ FSDP1 (ignored modules) and Accelerate's ``fsdp_utils`` helpers.
 
 from __future__ import annotations
 
-import copy
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
+from hasten.strategies.settings import FSDPSettings, WrapSettings
+
 if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
+
     from hasten.config.fsdp import FullyShardedDataParallelPlugin
 
-__all__ = ["ignored_modules", "modules_to_shard", "resolve_offload"]
+__all__ = [
+    "fsdp_settings",
+    "ignored_modules",
+    "modules_to_shard",
+    "resolve_offload",
+    "wrap_settings",
+]
 
 
 def _no_accelerator() -> bool:
@@ -26,7 +36,36 @@ def _no_accelerator() -> bool:
     return accelerator is None or not accelerator.is_available()
 
 
-def resolve_offload(plugin: FullyShardedDataParallelPlugin) -> Any:
+def wrap_settings(plugin: FullyShardedDataParallelPlugin) -> WrapSettings:
+    """The plugin's wrap policy as a `WrapSettings` (bound to each model later, the plugin
+    untouched)."""
+    names = plugin.transformer_cls_names_to_wrap
+    return WrapSettings(
+        policy=cast("Callable[..., bool] | None", plugin.auto_wrap_policy),  # names resolved
+        class_names=tuple(names) if names is not None else None,
+        min_num_params=int(plugin.min_num_params or 0),
+    )
+
+
+def fsdp_settings(plugin: FullyShardedDataParallelPlugin) -> FSDPSettings:
+    """What FSDP2's steps need of the plugin, resolved once (see `resolve_offload`).
+
+    Raises:
+        ValueError: a pinned-memory offload on a machine without an accelerator.
+    """
+    spec = plugin.ignored_modules
+    ignored = spec if isinstance(spec, str) or spec is None else tuple(spec)
+    return FSDPSettings(
+        wrap=wrap_settings(plugin),
+        reshard_after_forward=cast("bool | int", plugin.reshard_after_forward),  # validated
+        mixed_precision=cast("MixedPrecisionPolicy | None", plugin.mixed_precision_policy),
+        offload=resolve_offload(plugin),
+        ignored=ignored if ignored != "" else None,
+        from_rank0=bool(plugin.cpu_ram_efficient_loading),
+    )
+
+
+def resolve_offload(plugin: FullyShardedDataParallelPlugin) -> OffloadPolicy | None:
     """The offload policy to use; a pinned-memory one on a machine without an accelerator raises.
 
     A ``cpu_offload=True`` request (a bool, turned into ``CPUOffloadPolicy()`` by the plugin)
@@ -37,7 +76,7 @@ def resolve_offload(plugin: FullyShardedDataParallelPlugin) -> Any:
     """
     from torch.distributed.fsdp import CPUOffloadPolicy
 
-    policy = plugin.cpu_offload
+    policy = cast("OffloadPolicy | None", plugin.cpu_offload)  # FSDP2: resolved to a policy
     if not isinstance(policy, CPUOffloadPolicy) or not policy.pin_memory or not _no_accelerator():
         return policy
     if getattr(plugin, "_cpu_offload_from_bool", False):
@@ -50,16 +89,13 @@ def resolve_offload(plugin: FullyShardedDataParallelPlugin) -> Any:
     )
 
 
-def ignored_modules(plugin: Any, model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP leaves alone: the plugin's modules, or those whose name matches its regex.
-
-    ``plugin`` is anything with an ``ignored_modules`` attribute (the FSDP plugin, or
-    Accelerate's helper holding a bare list).
+def ignored_modules(spec: Iterable[nn.Module] | str | None, model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP leaves alone: ``spec``'s modules, or those whose name matches its regex
+    (a plugin's ``ignored_modules``, or Accelerate's helper's bare list).
 
     Raises:
         ValueError: the regex matches no module (naming a few module names).
     """
-    spec = plugin.ignored_modules
     if spec is None or spec == "":
         return []
     if not isinstance(spec, str):
@@ -76,11 +112,9 @@ def ignored_modules(plugin: Any, model: nn.Module) -> list[nn.Module]:
 
 
 def _policy_for(
-    plugin: FullyShardedDataParallelPlugin, model: nn.Module, count_dtensors: bool
+    wrap: WrapSettings, model: nn.Module, count_dtensors: bool
 ) -> Callable[[nn.Module], bool] | None:
-    bound = copy.copy(plugin)  # set_auto_wrap_policy binds classes of this model only
-    bound.set_auto_wrap_policy(model)
-    policy = cast(Callable[..., bool] | None, bound.auto_wrap_policy)  # bound: a callable
+    policy = wrap.bind(model)
     if policy is None:
         return None
     dtensor = _dtensor()
@@ -101,7 +135,7 @@ def _dtensor() -> type:
 
 
 def modules_to_shard(
-    plugin: FullyShardedDataParallelPlugin,
+    wrap: WrapSettings,
     model: nn.Module,
     skip: list[nn.Module],
     *,
@@ -114,7 +148,7 @@ def modules_to_shard(
     counts every parameter at its full size (blocks to checkpoint are picked as if no
     tensor-parallel plan had sharded them).
     """
-    picks = _policy_for(plugin, model, count_dtensors)
+    picks = _policy_for(wrap, model, count_dtensors)
     if picks is None:
         return []
     skipped = {id(m) for m in skip}

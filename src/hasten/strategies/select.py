@@ -102,11 +102,12 @@ def _deepspeed(request: _Request) -> Strategy:
 
 
 def _megatron(request: _Request) -> Strategy:
-    if request.choice is None:  # a bare label carries no plugin to build the engine from
+    plugin = request.choice.megatron_lm_plugin if request.choice is not None else None
+    if plugin is None:  # a bare label carries no plugin to build the engine from
         return UnwiredStrategy("Megatron-LM")
     from hasten.strategies.megatron import MegatronStrategy
 
-    return MegatronStrategy(request.choice.megatron_lm_plugin, request.world_size)
+    return MegatronStrategy(plugin, request.world_size)
 
 
 def _xla(request: _Request) -> Strategy:

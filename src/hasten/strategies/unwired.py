@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-import torch
 from torch import nn
 from typing_extensions import override
 
 from hasten.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from hasten.strategies.call import PrepareCall
+    from hasten.strategies.parallelize import ParallelPlan
 
 __all__ = ["UnwiredStrategy"]
 
@@ -38,7 +41,7 @@ class UnwiredStrategy(Strategy):
         self._refuse()
 
     @override
-    def setup_module(self, module: nn.Module, device: torch.device | None) -> nn.Module:
+    def parallel_plan(self, model: nn.Module, call: PrepareCall, index: int) -> ParallelPlan:
         self._refuse()
 
     @override

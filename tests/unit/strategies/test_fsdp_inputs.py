@@ -11,7 +11,12 @@ from hasten.config.fsdp import FullyShardedDataParallelPlugin
 from hasten.precision import Precision
 from hasten.strategies.composable import ComposableStrategy
 from hasten.strategies.fsdp1 import FSDP1Strategy
-from hasten.strategies.fsdp_plugin import ignored_modules, modules_to_shard, resolve_offload
+from hasten.strategies.fsdp_plugin import (
+    ignored_modules,
+    modules_to_shard,
+    resolve_offload,
+    wrap_settings,
+)
 from hasten.strategies.parallelize import apply_ac
 
 CPU = torch.device("cpu")
@@ -24,7 +29,7 @@ def test_unknown_wrap_class_names_the_classes_the_model_has() -> None:
         transformer_cls_names_to_wrap=["GPT2Block"],
     )
     with pytest.raises(ValueError, match=r"'GPT2Block'.*classes present: \['Block', 'LayerNorm'"):
-        modules_to_shard(plugin, TinyTransformer(), [])
+        modules_to_shard(wrap_settings(plugin), TinyTransformer(), [])
 
 
 def test_wrap_policies_pick_blocks() -> None:
@@ -32,16 +37,25 @@ def test_wrap_policies_pick_blocks() -> None:
     by_class = FullyShardedDataParallelPlugin(
         fsdp_version=2, auto_wrap_policy="transformer_based_wrap"
     )
-    assert modules_to_shard(by_class, model, []) == list(model.layers)[::-1]  # _no_split_modules
+    policy = by_class.auto_wrap_policy
+    assert (
+        modules_to_shard(wrap_settings(by_class), model, []) == list(model.layers)[::-1]
+    )  # _no_split_modules
+    assert by_class.auto_wrap_policy is policy  # the plugin is read, never bound or copied
     by_size = FullyShardedDataParallelPlugin(
         fsdp_version=2, auto_wrap_policy="size_based_wrap", min_num_params=500
     )
     assert all(
-        sum(p.numel() for p in m.parameters()) >= 500 for m in modules_to_shard(by_size, model, [])
+        sum(p.numel() for p in m.parameters()) >= 500
+        for m in modules_to_shard(wrap_settings(by_size), model, [])
     )
     assert (
         modules_to_shard(
-            FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="no_wrap"), model, []
+            wrap_settings(
+                FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="no_wrap")
+            ),
+            model,
+            [],
         )
         == []
     )
@@ -49,7 +63,7 @@ def test_wrap_policies_pick_blocks() -> None:
         fsdp_version=2,
         auto_wrap_policy=lambda module, recurse, nonwrapped_numel: module is model.head,
     )
-    assert modules_to_shard(picked, model, []) == [model.head]
+    assert modules_to_shard(wrap_settings(picked), model, []) == [model.head]
 
 
 def test_pinned_cpu_offload_without_an_accelerator() -> None:
@@ -98,18 +112,19 @@ def test_fsdp1_refuses_what_cpu_cannot_do() -> None:
 def test_activation_checkpointing_needs_blocks() -> None:
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="no_wrap")
     with pytest.raises(ValueError, match="needs blocks to checkpoint"):
-        apply_ac(TinyTransformer(), plugin)
+        apply_ac(TinyTransformer(), wrap_settings(plugin))
 
 
 def test_ignored_modules_by_regex() -> None:
     model = TinyTransformer()
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules="head")
-    assert ignored_modules(plugin, model) == [model.head]
+    assert ignored_modules(plugin.ignored_modules, model) == [model.head]
     given = FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules=[model.embed])
-    assert ignored_modules(given, model) == [model.embed]  # modules, as they are
+    assert ignored_modules(given.ignored_modules, model) == [model.embed]  # modules, as they are
     with pytest.raises(ValueError, match="matches no module name"):
         ignored_modules(
-            FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules="nope"), model
+            FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules="nope").ignored_modules,
+            model,
         )
 
 
@@ -128,7 +143,7 @@ def test_a_meta_model_needs_cpu_ram_efficient_loading() -> None:
     with torch.device("meta"):
         model = TinyTransformer()
     with pytest.raises(ValueError, match=r"on the meta device.*cpu_ram_efficient_loading=True"):
-        ComposableStrategy(plugin, CPU).prepare_module(model, CPU, precision=Precision("no"))
+        ComposableStrategy(plugin, CPU).shard(model, CPU, precision=Precision("no"))
 
 
 def test_fsdp1_flat_parameters_take_only_an_optimizer_over_the_whole_model() -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from torch import nn
 
 from hasten.precision import Precision
-from hasten.strategies.call import PrepareCall
+from hasten.strategies.base import set_up_models
+from hasten.strategies.call import PrepareCall, Prepared
 from hasten.strategies.rebind import canonical_name, parameter_ids, rebind_optimizers
 
 
@@ -79,12 +78,15 @@ def test_setup_holds_no_reference_to_the_parameters_it_replaces() -> None:
     old = weakref.ref(model.weight)
     freed: list[bool] = []
 
+    def shard(module: nn.Module, index: int) -> nn.Module:
+        module.weight = nn.Parameter(torch.zeros(2, 2))  # what sharding does to every weight
+        gc.collect()
+        freed.append(old() is None)  # the unsharded weight can go while the rest is set up
+        return module
+
     class Sharding(SingleDeviceStrategy):
-        def prepare_module(self, module: nn.Module, device: Any, **settings: Any) -> nn.Module:
-            module.weight = nn.Parameter(torch.zeros(2, 2))  # what sharding does to every weight
-            gc.collect()
-            freed.append(old() is None)  # the unsharded weight can go while the rest is set up
-            return module
+        def setup(self, call: PrepareCall) -> Prepared:
+            return set_up_models(self, call, list(call.objects), shard)
 
     call = PrepareCall(
         objects=(model,),

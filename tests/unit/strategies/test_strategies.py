@@ -14,6 +14,7 @@ from hasten.checkpointing.layouts.engine import EngineLayout
 from hasten.checkpointing.layouts.factory import checkpoint_layout
 from hasten.config.enums import DistributedType
 from hasten.config.fsdp import FullyShardedDataParallelPlugin
+from hasten.precision import Precision
 from hasten.state.engine import EngineChoice
 from hasten.strategies import (
     DDPStrategy,
@@ -22,6 +23,7 @@ from hasten.strategies import (
     UnwiredStrategy,
     select_strategy,
 )
+from hasten.strategies.call import PrepareCall
 from hasten.strategies.composable import ComposableStrategy
 from hasten.strategies.deepspeed import DeepSpeedStrategy
 from hasten.strategies.fsdp1 import FSDP1Strategy
@@ -46,12 +48,26 @@ class RecordingKwargs:
         self.hooked.append(model)
 
 
+def set_up(strategy: Strategy, model: nn.Module, device: torch.device | None) -> nn.Module:
+    """``model`` through ``strategy.setup`` as ``prepare_model`` hands it over."""
+    call = PrepareCall(
+        objects=(model,),
+        kinds=("model",),
+        placements=(device is not None,),
+        device=device or torch.device("cpu"),
+        precision=Precision(),
+        whole=False,
+    )
+    prepared: nn.Module = strategy.setup(call).objects[0]
+    return prepared
+
+
 def test_single_device_moves_and_clips() -> None:
     strategy = SingleDeviceStrategy()
     net = nn.Linear(3, 1).double()
-    out = strategy.setup_module(net, torch.device("cpu"))
+    out = set_up(strategy, net, torch.device("cpu"))
     assert out is net
-    assert strategy.setup_module(net, None) is net
+    assert set_up(strategy, net, None) is net
     net(torch.ones(2, 3, dtype=torch.float64)).sum().mul(100).backward()
     norm = strategy.clip_grad_norm_(net.parameters(), 1.0)
     assert norm > 1.0
@@ -71,7 +87,7 @@ def test_ddp_wraps_with_kwargs_and_hook(one_process_group: None) -> None:
     strategy = DDPStrategy(ddp_kwargs=handler)
     assert strategy.wrap_kwargs() == {"bucket_cap_mb": 5}
     net = nn.Linear(3, 1)
-    wrapped = strategy.setup_module(net, torch.device("cpu"))
+    wrapped = set_up(strategy, net, torch.device("cpu"))
     assert isinstance(wrapped, DistributedDataParallel)
     assert wrapped.bucket_bytes_cap == 5 * 1024 * 1024
     assert handler.hooked == [wrapped]
@@ -90,7 +106,7 @@ def test_ddp_device_ids_and_frozen_model(one_process_group: None) -> None:
     assert DDPStrategy(device_ids=[1]).wrap_kwargs() == {"device_ids": [1], "output_device": 1}
     frozen = nn.Linear(2, 2).requires_grad_(False)
     strategy = DDPStrategy()
-    assert strategy.setup_module(frozen, None) is frozen
+    assert set_up(strategy, frozen, None) is frozen
     with strategy.no_sync(frozen):
         pass
 
@@ -134,7 +150,7 @@ def test_unwired_strategy_refuses_clearly() -> None:
     with pytest.raises(NotImplementedError, match="Megatron-LM engine is not wired"):
         strategy.check_usable()
     with pytest.raises(NotImplementedError, match="Remove the Megatron-LM plugin"):
-        strategy.setup_module(nn.Linear(1, 1), None)
+        set_up(strategy, nn.Linear(1, 1), None)
     assert "Megatron-LM" in repr(strategy)
     assert isinstance(strategy, Strategy)
 
@@ -161,5 +177,5 @@ def test_join_is_a_noop_without_ddp_and_join_under_ddp(one_process_group: None) 
 
     with SingleDeviceStrategy().join([]) as ctx:
         assert ctx is None
-    wrapped = DDPStrategy().setup_module(nn.Linear(2, 1), None)
+    wrapped = set_up(DDPStrategy(), nn.Linear(2, 1), None)
     assert isinstance(DDPStrategy().join([wrapped]), Join)

@@ -186,8 +186,13 @@ class DeepSpeedStrategy(Strategy):
             ValueError: more than one model/optimizer/scheduler, or an optimizer without its
                 model (each engine is set up in its own prepare call), or a bad config.
         """
-        if not call.whole or call.evaluation:
+        if call.evaluation:
             return super().setup(call)
+        if not call.whole:
+            objects = list(call.objects)
+            for i in call.indices("model"):
+                objects[i] = _compile_engine(objects[i], call.dynamo)
+            return Prepared.of(objects)
         models, optimizers = call.indices("model"), call.indices("optimizer")
         schedulers = call.indices("scheduler")
         counts = (len(models), len(optimizers), len(schedulers))
@@ -219,9 +224,7 @@ class DeepSpeedStrategy(Strategy):
             inputs.sequence_parallel = sequence
             inputs.num_processes //= int(sequence.sp_size or 1)
         engine, optimizer, scheduler = self._initialize(inputs)
-        objects[models[0]] = self.prepare_module(
-            engine, call.device_of(models[0]), precision=call.precision, dynamo=call.dynamo
-        )
+        objects[models[0]] = _compile_engine(engine, call.dynamo)
         if optimizers:
             objects[optimizers[0]] = optimizer
         if schedulers:
@@ -262,25 +265,6 @@ class DeepSpeedStrategy(Strategy):
             return engine, None, None
         self._trainer = DeepSpeedEngineWrapper(engine)
         return engine, ds_optimizer, ds_scheduler
-
-    @override
-    def prepare_module(
-        self,
-        module: nn.Module,
-        device: torch.device | None,
-        *,
-        precision: Precision,
-        dynamo: CompileSettings | None = None,
-    ) -> nn.Module:
-        """The engine is already placed and wrapped; regional compilation works in place."""
-        inner = module.module if is_deepspeed_engine(module) else module
-        if compile_model(inner, dynamo) is not inner:  # type: ignore[arg-type]
-            raise NotImplementedError(
-                "Compiling a whole DeepSpeed-wrapped model would hide the engine's hooks behind "
-                "a torch.compile wrapper. Use TorchDynamoPlugin(use_regional_compilation=True) "
-                "(its repeated blocks are compiled in place), or no dynamo backend."
-            )
-        return module
 
     @override
     def backward_fn(self, num_steps: int, scale: Callable[[Any], Any] | None) -> BackwardFn | None:
@@ -511,3 +495,19 @@ def _files_route(engine: Any, route: str, files: Any) -> contextlib.AbstractCont
     if isinstance(current, HastenCheckpointEngine):
         return cast(contextlib.AbstractContextManager[Any], getattr(current, route)(files))
     return contextlib.nullcontext()
+
+
+def _compile_engine(module: nn.Module, dynamo: CompileSettings | None) -> nn.Module:
+    """The engine is already placed and wrapped; regional compilation works in place.
+
+    Raises:
+        NotImplementedError: whole-model compilation (it would hide the engine's hooks).
+    """
+    inner = module.module if is_deepspeed_engine(module) else module
+    if compile_model(inner, dynamo) is not inner:  # type: ignore[arg-type]
+        raise NotImplementedError(
+            "Compiling a whole DeepSpeed-wrapped model would hide the engine's hooks behind "
+            "a torch.compile wrapper. Use TorchDynamoPlugin(use_regional_compilation=True) "
+            "(its repeated blocks are compiled in place), or no dynamo backend."
+        )
+    return module
