@@ -10,8 +10,8 @@ steps: the state is bitwise equal and the losses agree within float reduction or
 from __future__ import annotations
 
 import os
-import shutil
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ def _setup(stage: int, offload: bool, hidden: int = 32) -> tuple[Any, Any, Any]:
     from hasten import Accelerator
     from hasten.utils import DeepSpeedPlugin, set_seed
 
+    tempfile.tempdir = None  # the forked worker finds the test's TMPDIR, not the parent's choice
     set_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 2)
@@ -149,3 +150,89 @@ def test_zero_reshard_matrix(
     tmp_path: Path, stage: int, saving: int, loading: int, offload: bool
 ) -> None:
     _reshard(tmp_path, stage, offload, saving, loading)
+
+
+def _accelerate_layout_run(stage: int, folder: str) -> dict[str, Any]:
+    """What Accelerate 1.15's save_state writes for DeepSpeed: ``engine.save_checkpoint(folder,
+    "pytorch_model")`` (the engine's ``latest`` and zero_to_fp32.py beside it), no manifest."""
+    accelerator, model, optimizer = _setup(stage, False)
+    _steps(accelerator, model, optimizer, range(STEPS_BEFORE))
+    saved = _state(model)
+    model.save_checkpoint(folder, "pytorch_model")
+    after = _steps(accelerator, model, optimizer, range(STEPS_BEFORE, STEPS_BEFORE + STEPS_AFTER))
+    return {"saved": saved, "losses": after}
+
+
+@pytest.mark.parametrize(("stage", "saving", "loading"), [(2, 2, 1), (3, 2, 2)])
+def test_a_checkpoint_laid_out_by_accelerate_loads(
+    tmp_path: Path, stage: int, saving: int, loading: int
+) -> None:
+    folder, env = str(tmp_path / "ckpt"), {"TMPDIR": str(tmp_path)}
+    first = run_distributed(
+        _accelerate_layout_run, stage, folder, world_size=saving, timeout=240, env=env
+    )
+    assert (tmp_path / "ckpt" / "latest").read_text() == "pytorch_model"
+    assert not (tmp_path / "ckpt" / "hasten_manifest.json").exists()
+    # no hasten manifest: strict=False loads it unverified, as for any folder hasten did not write
+    second = run_distributed(
+        _load_run, stage, False, folder, False, world_size=loading, timeout=240, env=env
+    )
+    _check(first, second)
+
+
+def _load_error(stage: int, folder: str, strict: bool, hidden: int = 32) -> str:
+    accelerator, model, optimizer = _setup(stage, False, hidden)
+    try:
+        accelerator.load_state(folder, strict=strict)
+    except (ValueError, FileNotFoundError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "loaded"
+
+
+def test_a_checkpoint_missing_some_ranks_files_names_them(tmp_path: Path) -> None:
+    folder, env = str(tmp_path / "ckpt"), {"TMPDIR": str(tmp_path)}
+    run_distributed(_accelerate_layout_run, 2, folder, world_size=2, timeout=240, env=env)
+    for lost in (tmp_path / "ckpt" / "pytorch_model").glob("*zero_pp_rank_1_*"):
+        lost.unlink()
+    (error,) = run_distributed(_load_error, 2, folder, False, world_size=1, timeout=240, env=env)
+    assert error.startswith("FileNotFoundError")
+    assert "saved by 2 data-parallel process(es)" in error
+    assert "rank(s) [1] are missing" in error
+    assert "Copy those files from the saving run" in error
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_converting(tmp_path: Path) -> None:
+    folder, env = str(tmp_path / "ckpt"), {"TMPDIR": str(tmp_path)}
+    run_distributed(_save_run, 3, False, folder, world_size=2, timeout=240, env=env)
+    (error,) = run_distributed(
+        _load_error, 3, folder, True, 16, world_size=1, timeout=240, env=env
+    )
+    assert error.startswith("ValueError")
+    assert "is a checkpoint of another model" in error
+    assert "different shapes: ['0.bias: saved (32,), model (16,)'" in error
+    assert "Load it into the model that saved it" in error
+    assert not list(tmp_path.glob("hasten-zero-universal-*"))  # nothing converted
+
+
+def _killed_conversion(folder: str) -> None:
+    """Load at 1 process and die (SIGKILL) in the middle of DeepSpeed's conversion."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    def die(*args: Any, **kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    ds_to_universal._save_optimizer_state = die  # after the fragments are written
+    accelerator, _, _ = _setup(2, False)
+    accelerator.load_state(folder)
+
+
+def test_a_kill_during_the_conversion_does_not_break_the_next_load(tmp_path: Path) -> None:
+    folder, env = str(tmp_path / "ckpt"), {"TMPDIR": str(tmp_path)}
+    first = run_distributed(_save_run, 2, False, folder, world_size=2, timeout=240, env=env)
+    with pytest.raises(DistributedTestError) as killed:
+        run_distributed(_killed_conversion, folder, world_size=1, timeout=240, env=env)
+    assert "exit code -9" in str(killed.value)
+    (left,) = tmp_path.glob("hasten-zero-universal-*")  # the killed attempt's half conversion
+    assert (left / "pytorch_model" / "zero").is_dir()
+    second = run_distributed(_load_run, 2, False, folder, world_size=1, timeout=240, env=env)
+    _check(first, second)  # loads, and the dead attempt's folder is gone
