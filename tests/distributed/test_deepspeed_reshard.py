@@ -204,9 +204,7 @@ def test_a_checkpoint_missing_some_ranks_files_names_them(tmp_path: Path) -> Non
 def test_a_checkpoint_of_another_model_is_refused_before_converting(tmp_path: Path) -> None:
     folder, env = str(tmp_path / "ckpt"), {"TMPDIR": str(tmp_path)}
     run_distributed(_save_run, 3, False, folder, world_size=2, timeout=240, env=env)
-    (error,) = run_distributed(
-        _load_error, 3, folder, True, 16, world_size=1, timeout=240, env=env
-    )
+    (error,) = run_distributed(_load_error, 3, folder, True, 16, world_size=1, timeout=240, env=env)
     assert error.startswith("ValueError")
     assert "is a checkpoint of another model" in error
     assert "different shapes: ['0.bias: saved (32,), model (16,)'" in error

@@ -41,12 +41,14 @@ from hasten.strategies.deepspeed.checkpoint import (
 )
 from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from hasten.strategies.deepspeed.resolve import EngineInputs, resolve_config
+from hasten.strategies.deepspeed.ulysses import register_attention, sequence_parallel
 from hasten.strategies.deepspeed.universal import (
+    check_adam_state,
+    check_one_zero3_group,
     check_same_model,
     saved_partitions,
     universal_checkpoint,
 )
-from hasten.strategies.deepspeed.ulysses import register_attention, sequence_parallel
 from hasten.strategies.deepspeed.wrappers import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -453,6 +455,8 @@ class DeepSpeedStrategy(Strategy):
             saved = saved_partitions(folder / tag)
             if saved is not None and saved.world_size != engine.seq_dp_world_size:
                 check_same_model(saved, engine)
+                check_adam_state(engine, saved.world_size)
+                check_one_zero3_group(engine, saved.world_size)
                 with universal_checkpoint(engine, saved, tag) as converted:
                     path, _ = engine.load_checkpoint(
                         str(converted), tag=tag, load_module_strict=strict

@@ -34,6 +34,8 @@ from hasten.state import PartialState
 
 __all__ = [
     "ZeroPartitions",
+    "check_adam_state",
+    "check_one_zero3_group",
     "check_same_model",
     "saved_partitions",
     "universal_checkpoint",
@@ -136,6 +138,60 @@ def check_same_model(saved: ZeroPartitions, engine: Any) -> None:
             f"{saved.folder} is a checkpoint of another model: " + "; ".join(found) + ". Load "
             "it into the model that saved it (same architecture and sizes, prepared in the same "
             "order), or load a checkpoint of this model."
+        )
+
+
+# The optimizers whose per-parameter state is exactly what the universal checkpoint holds
+# (``step``, ``exp_avg``, ``exp_avg_sq``), by class name: torch's and DeepSpeed's Adam kinds.
+_ADAM = frozenset({"Adam", "AdamW", "DeepSpeedCPUAdam", "FusedAdam"})
+
+
+def check_adam_state(engine: Any, saved: int) -> None:
+    """Refuse an optimizer whose state DeepSpeed's universal checkpoint would not carry.
+
+    The conversion keeps each parameter's fp32 value and Adam moments only, so another
+    optimizer's state (SGD's momentum, AMSGrad's maximum) would be lost without a word.
+
+    Raises:
+        ValueError: the engine's optimizer is not Adam/AdamW without AMSGrad (names it).
+    """
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    name = type(inner).__name__
+    amsgrad = any(group.get("amsgrad", False) for group in getattr(inner, "param_groups", []))
+    if name in _ADAM and not amsgrad:
+        return
+    kind = f"{name} with amsgrad=True" if amsgrad else name
+    raise ValueError(
+        f"This ZeRO checkpoint was saved by {saved} process(es) and is loaded by "
+        f"{engine.seq_dp_world_size}, which goes through DeepSpeed's universal checkpoint: it "
+        "carries each parameter's fp32 value and Adam moments (exp_avg, exp_avg_sq) only, so "
+        f"the state of {kind} would be lost. Load it on {saved} process(es), or train with "
+        "torch.optim.Adam/AdamW (amsgrad=False) or DeepSpeed's Adam to resume on another "
+        "number of processes."
+    )
+
+
+def check_one_zero3_group(engine: Any, saved: int) -> None:
+    """Refuse a ZeRO-3 optimizer of several parameter groups on another number of processes.
+
+    DeepSpeed's ZeRO-3 universal load gives every group the first group's settings (lr,
+    weight_decay, ...); with those put back, a 2 -> 1 load still trained apart from the
+    uninterrupted run (4e-4 relative after one step) while its state was bitwise equal, so it
+    is refused rather than resumed inexactly.
+
+    Raises:
+        ValueError: ZeRO-3 with more than one parameter group.
+    """
+    if int(engine.zero_optimization_stage()) != 3:
+        return
+    groups = len(engine.optimizer.optimizer.param_groups)
+    if groups > 1:
+        raise ValueError(
+            f"This ZeRO-3 checkpoint was saved by {saved} process(es) and is loaded by "
+            f"{engine.seq_dp_world_size}, through DeepSpeed's universal checkpoint, which does "
+            f"not restore ZeRO-3 optimizers of several parameter groups exactly (this one has "
+            f"{groups}). Load it on {saved} process(es), use one parameter group, or use ZeRO "
+            "stage 1 or 2 to resume on another number of processes."
         )
 
 
