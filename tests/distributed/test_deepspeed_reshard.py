@@ -4,7 +4,9 @@ Each run trains on fixed global batches of 8 samples (each process takes its sha
 run at 1 process and one at 2 follow the same math. The saving run records the consolidated
 fp32 weights and Adam moments by parameter name (DeepSpeed's ``safe_get_full_*``), saves, and
 trains on; the resumed run loads at the other size, records the same, and trains the same
-steps: the state is bitwise equal and the losses agree within float reduction order.
+steps: the state is bitwise equal and the losses agree within float reduction order. ZeRO-2
+2 -> 1 and ZeRO-3 1 -> 2 run in ``make test``; every stage, both directions, with and without
+the optimizer offloaded to the CPU, behind the ``matrix`` marker (``make test-matrix``).
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def test_zero3_saved_on_one_process_loads_on_two(tmp_path: Path) -> None:
     _reshard(tmp_path, 3, False, saving=1, loading=2)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("offload", [False, True], ids=["", "offload"])
 @pytest.mark.parametrize(("saving", "loading"), [(2, 1), (1, 2)], ids=["2to1", "1to2"])
 @pytest.mark.parametrize("stage", [1, 2, 3])
