@@ -228,7 +228,12 @@ def _convert(source: Path, target: Path) -> None:
         strict=True,
         inject_missing_state=True,  # hasten's engines record no universal info of their own
     )
-    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+    # its step-by-step prints and progress bars are not the user's
+    with (
+        open(os.devnull, "w") as quiet,
+        contextlib.redirect_stdout(quiet),
+        contextlib.redirect_stderr(quiet),
+    ):
         ds_to_universal.main(args)
 
 
@@ -251,8 +256,8 @@ def _agree(error: BaseException | None) -> None:
 
 
 def _shared_name() -> str:
-    """One conversion folder name for every process (process 0's choice)."""
-    name = [f"{os.getpid()}-{uuid.uuid4().hex}"]
+    """One conversion id for every process (process 0's choice)."""
+    name = [uuid.uuid4().hex]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(name, src=0)
     return name[0]
@@ -269,7 +274,7 @@ def universal_checkpoint(engine: Any, saved: ZeroPartitions, tag: str) -> Iterat
     state = PartialState()
     root = Path(tempfile.gettempdir())
     # the name starts with the converting process's id: a later attempt removes it if that died
-    name = _shared_name().partition("-")[2]
+    name = _shared_name()
     folder = root / f"{_PREFIX}{os.getpid()}-{name}"
     if state.is_local_main_process:
         error: BaseException | None = None
