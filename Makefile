@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hasten-installed
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test test-ecosystem test-clusters lint typecheck layers pytest bench clean install conformance docs
+.PHONY: demo test test-ecosystem test-clusters test-matrix lint typecheck layers pytest bench clean install conformance docs
 
 install: $(STAMP)
 
@@ -59,6 +59,10 @@ test: $(STAMP)
 # The heavy rows of the Hugging Face ecosystem on hasten-as-accelerate (tests marked `ecosystem`,
 # which `make test` leaves out): Trainer on 2 processes under DDP, FSDP2 and DeepSpeed ZeRO-2/3,
 # trl, peft, diffusers' example script, and the alias's real uninstall/replace round trip.
+# The heavy engine x world-size resume rows (make test runs a sample of them).
+test-matrix: $(STAMP) $(DS_OPS)
+	$(BIN)/python -m pytest -q -m matrix tests/distributed/test_deepspeed_reshard.py
+
 test-ecosystem: $(STAMP) $(DS_OPS)
 	$(BIN)/python -m pytest -q -m ecosystem tests/ecosystem
 

@@ -216,11 +216,19 @@ def test_each_engine_file_is_verified_by_a_process_whose_engine_reads_it() -> No
 class _ZeroEngine:
     """Stands for a DeepSpeedEngine's checkpoint settings."""
 
-    def __init__(self, stage: int, elastic: bool = False, universal: bool = False) -> None:
-        self.stage, self.elastic, self.universal = stage, elastic, universal
+    def __init__(
+        self, stage: int, elastic: bool = False, universal: bool = False, nvme: bool = False
+    ) -> None:
+        self.stage, self.elastic, self.universal, self.nvme = stage, elastic, universal, nvme
+
+    def zero_optimization(self) -> bool:
+        return self.stage > 0
 
     def zero_optimization_stage(self) -> int:
         return self.stage
+
+    def zero_nvme_offload_optimizer(self) -> bool:
+        return self.nvme
 
     def zero_elastic_checkpoint(self) -> bool:
         return self.elastic
@@ -245,20 +253,20 @@ class _Engines:
         return ()
 
 
-def test_zero_partitions_are_refused_on_another_number_of_processes() -> None:
-    assert _Engines(_ZeroEngine(0)).refuses_process_count(2, 1) is None
-    assert _Engines(_ZeroEngine(2, elastic=True)).refuses_process_count(2, 1) is None
-    assert _Engines(_ZeroEngine(3, universal=True)).refuses_process_count(1, 2) is None
-    reason = _Engines(_ZeroEngine(0), _ZeroEngine(3)).refuses_process_count(1, 2)
+def test_only_nvme_offloaded_zero_partitions_are_refused_on_another_number_of_processes() -> None:
+    # stages 1-3 are repartitioned through DeepSpeed's universal checkpoint on load
+    for stage in range(4):
+        assert _Engines(_ZeroEngine(stage)).refuses_process_count(2, 1) is None
+    reason = _Engines(_ZeroEngine(0), _ZeroEngine(3, nvme=True)).refuses_process_count(1, 2)
     assert reason is not None
     assert reason.startswith("This DeepSpeed checkpoint was saved by 1 process(es) and is loaded")
-    assert "ZeRO stage 3" in reason and "optimizer state and parameters" in reason
+    assert "offloaded to NVMe" in reason
 
 
 def test_load_engine_checkpoint_refuses_before_the_engine_reads(tmp_path: Path) -> None:
-    engines = _Engines(_ZeroEngine(2))
+    engines = _Engines(_ZeroEngine(2, nvme=True))
     manifest = {"num_processes": 2, "files": {}}
-    with pytest.raises(ValueError, match=r"saved by 2 process\(es\) and is loaded by 1: under"):
+    with pytest.raises(ValueError, match=r"saved by 2 process\(es\) and is loaded by 1: its"):
         load_engine_checkpoint(engines, tmp_path, manifest, True, lambda error: None)
     assert not engines.loaded
     load_engine_checkpoint(engines, tmp_path, {"num_processes": 1, "files": {}}, True, print)

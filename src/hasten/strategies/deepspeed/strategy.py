@@ -42,6 +42,13 @@ from hasten.strategies.deepspeed.checkpoint import (
 from hasten.strategies.deepspeed.dummies import DummyOptim, DummyScheduler
 from hasten.strategies.deepspeed.resolve import EngineInputs, resolve_config
 from hasten.strategies.deepspeed.ulysses import register_attention, sequence_parallel
+from hasten.strategies.deepspeed.universal import (
+    check_adam_state,
+    check_one_zero3_group,
+    check_same_model,
+    saved_partitions,
+    universal_checkpoint,
+)
 from hasten.strategies.deepspeed.wrappers import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -429,10 +436,23 @@ class DeepSpeedStrategy(Strategy):
                     f"{folder} holds no DeepSpeed checkpoint {tag!r} for prepared engine "
                     f"{index}; load a checkpoint saved with the same models prepared."
                 )
-            with _files_route(engine, "reading_from", files):
-                path, _ = engine.load_checkpoint(
-                    str(folder), tag=tag, load_module_strict=strict, load_lr_scheduler_states=True
-                )
+            saved = saved_partitions(folder / tag)
+            if saved is not None and saved.world_size != engine.seq_dp_world_size:
+                check_same_model(saved, engine)
+                check_adam_state(engine, saved.world_size)
+                check_one_zero3_group(engine, saved.world_size)
+                with universal_checkpoint(engine, saved, tag) as converted:
+                    path, _ = engine.load_checkpoint(
+                        str(converted), tag=tag, load_module_strict=strict
+                    )
+            else:
+                with _files_route(engine, "reading_from", files):
+                    path, _ = engine.load_checkpoint(
+                        str(folder),
+                        tag=tag,
+                        load_module_strict=strict,
+                        load_lr_scheduler_states=True,
+                    )
             if path is None:
                 raise RuntimeError(f"DeepSpeed could not load {folder / tag}.")
 
@@ -440,22 +460,19 @@ class DeepSpeedStrategy(Strategy):
         """Why the engines cannot load a checkpoint of ``saved`` processes on ``processes``.
 
         ZeRO stages 1-3 keep each process's partition of the optimizer state (stage 3: of the
-        parameters too), which DeepSpeed repartitions on load only from an elastic (stages 1-2)
-        or universal checkpoint; stage 0 keeps it whole.
+        parameters too); `load_checkpoint` repartitions them through DeepSpeed's universal
+        checkpoint (`hasten.strategies.deepspeed.universal`). Optimizer state offloaded to NVMe
+        is kept in per-rank swap files that the universal checkpoint does not hold.
         """
         for engine in self.engines:
-            stage = int(engine.zero_optimization_stage())
-            elastic = stage in (1, 2) and engine.zero_elastic_checkpoint()
-            if stage == 0 or elastic or engine.load_universal_checkpoint():
-                continue
-            held = "optimizer state and parameters" if stage == 3 else "optimizer state"
-            return (
-                f"This DeepSpeed checkpoint was saved by {saved} process(es) and is loaded by "
-                f"{processes}: under ZeRO stage {stage} each process saved its own partition of "
-                f"the {held}, and DeepSpeed does not repartition it on load. Load it on {saved} "
-                "process(es), or start the new run from its weights (accelerator.save_model() "
-                "in the saving run, or DeepSpeed's zero_to_fp32 conversion)."
-            )
+            if engine.zero_optimization() and engine.zero_nvme_offload_optimizer():
+                return (
+                    f"This DeepSpeed checkpoint was saved by {saved} process(es) and is loaded "
+                    f"by {processes}: its optimizer state is offloaded to NVMe, in per-process "
+                    "swap files that DeepSpeed's universal checkpoint cannot repartition. Load "
+                    f"it on {saved} process(es), or offload the optimizer to the CPU "
+                    '(offload_optimizer: {"device": "cpu"}) in the run that saves.'
+                )
         return None
 
     def file_readers(self, name: str, num_processes: int) -> Collection[int]:
