@@ -35,7 +35,13 @@ from hasten.checkpointing.layouts.base import (
     warn_or_raise,
 )
 from hasten.checkpointing.layouts.factory import layout_of
-from hasten.checkpointing.rng import capture_rng_state, has_saved_rng_state, restore_rng_state
+from hasten.checkpointing.rng import (
+    capture_rng_state,
+    has_saved_rng_state,
+    load_pipeline_states,
+    pipeline_state_of,
+    restore_rng_state,
+)
 from hasten.checkpointing.storage import paths
 from hasten.checkpointing.storage.agreement import (
     agree_on_outcome,
@@ -183,6 +189,8 @@ def _plan_jobs(save: LayoutSave, layout: CheckpointLayout, step: int) -> None:
         plan.jobs += shared
         plan.shared_names += [job.name for job in shared]
     rng = {**capture_rng_state(), "step": step}
+    # each process's data pipeline streams (random transforms, collators, workers) are its own
+    rng["dataloaders"] = [pipeline_state_of(d) for d in save.contents.dataloaders]
     plan.jobs.append(pickle_job(paths.rng_file(plan.rank), rng))
 
 
@@ -311,7 +319,10 @@ def _load_contents(
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 warn_or_raise(part, exc, strict)
-        return {"step": _load_rng(files, _read_rng(files), strict)}
+        return {
+            "step": _load_rng(files, _read_rng(files), strict, contents.dataloaders),
+            "num_processes": int((manifest or {}).get("num_processes", 0)) or None,
+        }
 
 
 def _start_part(files: CheckpointReader, name: str, where: Any) -> PendingRead | Exception:
@@ -346,8 +357,11 @@ def _stateful_parts(contents: CheckpointContents) -> list[tuple[str, str, Any]]:
 
 def _read_rng(files: CheckpointReader) -> Any:
     """This process's saved RNG states, the exception reading them raised, or {} (resharded)."""
-    rank = PartialState().process_index
-    if not has_saved_rng_state(files.manifest, rank):  # warns: a process the save did not have
+    state = PartialState()
+    rank = state.process_index
+    if not has_saved_rng_state(
+        files.manifest, rank, state.num_processes
+    ):  # warns: a process the save did not have
         return {}
     try:
         return files.unpickle(paths.rng_file(rank), "cpu")
@@ -355,8 +369,9 @@ def _read_rng(files: CheckpointReader) -> Any:
         return exc
 
 
-def _load_rng(files: CheckpointReader, rng: Any, strict: bool) -> int:
-    """Restore the RNG states `_read_rng` gave; return the saved step."""
+def _load_rng(files: CheckpointReader, rng: Any, strict: bool, loaders: list[Any]) -> int:
+    """Restore the RNG states `_read_rng` gave (and the loaders' pipeline streams); return the
+    saved step."""
     saved_step = int((files.manifest or {}).get("step", 0))
     if isinstance(rng, CorruptCheckpointError):
         raise rng
@@ -364,5 +379,6 @@ def _load_rng(files: CheckpointReader, rng: Any, strict: bool) -> int:
         warn_or_raise("the RNG states", rng, strict)
         return saved_step
     step = int(rng.pop("step", saved_step))
+    load_pipeline_states(loaders, rng.pop("dataloaders", None))
     restore_rng_state(rng, strict=strict)
     return step
