@@ -319,10 +319,7 @@ def _load_contents(
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 warn_or_raise(part, exc, strict)
-        return {
-            "step": _load_rng(files, _read_rng(files), strict, contents.dataloaders),
-            "num_processes": int((manifest or {}).get("num_processes", 0)) or None,
-        }
+        return {"step": _load_rng(files, _read_rng(files), strict, contents.dataloaders)}
 
 
 def _start_part(files: CheckpointReader, name: str, where: Any) -> PendingRead | Exception:

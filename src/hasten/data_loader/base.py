@@ -35,6 +35,11 @@ from hasten.data_loader.pipeline_rng import (
     restore_global_rng,
 )
 from hasten.data_loader.samplers import get_sampler
+from hasten.data_loader.world_size import (
+    adopt_saved_generator,
+    loader_processes,
+    rescale_position,
+)
 from hasten.state import GradientState
 
 __all__ = [
@@ -300,6 +305,7 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         self._resume: dict[str, Any] | None = None
         self._pipeline = PipelineRng(self.num_workers)
         self._note_indices: tuple[dict[str, Any] | None] | None = None
+        self._give_back: torch.Generator | None = None
 
     @_instance_attribute
     def base_dataloader(self) -> DataLoader[Any]:
@@ -405,6 +411,8 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
                 return
             if restore_rng is not None:
                 restore_global_rng(restore_rng)
+            if self._give_back is not None:  # the saved epoch's order is drawn: own one again
+                get_sampler(self).generator, self._give_back = self._give_back, None  # type: ignore[union-attr]
             # The per-batch loop, kept in this frame (no `yield from`): read one batch ahead
             # to know, when handing out a batch, whether it is the last one.
             position = skip + self._offset
@@ -468,6 +476,7 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
             return self.skip_batches, None
         current = capture_global_rng()
         rng = resume.get("rng", {})
+        self._give_back = adopt_saved_generator(get_sampler(self), rng)
         for key, gen in self._generators().items():
             if f"{key}_generator" in rng:
                 gen.set_state(rng[f"{key}_generator"])
@@ -534,6 +543,7 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         if position < 0:
             return {"epoch": self.iteration + 1, "batches_yielded": 0}
         state: dict[str, Any] = {"epoch": self.iteration, "batches_yielded": position}
+        state["num_processes"], state["split_batches"] = loader_processes(self)
         if position and self._epoch_rng is not None:
             state["rng"] = dict(self._epoch_rng)
         return state
@@ -551,7 +561,9 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
             )
         self.iteration = int(state_dict["epoch"])
         self._position = None
-        self._resume = dict(state_dict) if state_dict["batches_yielded"] else None
+        now, split = loader_processes(self)
+        position = rescale_position(state_dict, now, split)
+        self._resume = dict(state_dict, batches_yielded=position) if position else None
 
     def pipeline_state(self) -> dict[str, Any] | None:
         """This process's data-pipeline random streams at the current position (None between
