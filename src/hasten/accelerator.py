@@ -968,6 +968,7 @@ class Accelerator:
             use_stateful_dataloader=getattr(config, "use_stateful_dataloader", False),
             torch_device_mesh=self.torch_device_mesh,
         )
+        prepared.keep_global_batch = bool(getattr(config, "keep_global_batch", False))
         self._mark(prepared)
         self._dataloaders.append(prepared)
         return prepared
@@ -1403,6 +1404,20 @@ class Accelerator:
             strict=strict,
         )
         self.step = int(attributes.get("step", self.step))  # the accumulation micro-step count
+        if self.dataloader_config.keep_global_batch:
+            self._keep_global_batch()
+
+    def _keep_global_batch(self) -> None:
+        """After a load by another number of processes, scale gradient accumulation so each
+        optimizer step sees the saved global batch (``keep_global_batch``)."""
+        from hasten.data_loader.world_size import kept_accumulation
+
+        saved = {int(n) for d in self._dataloaders if (n := getattr(d, "saved_processes", None))}
+        if len(saved) != 1 or (before := saved.pop()) == self.num_processes:
+            return
+        steps = kept_accumulation(before, self.num_processes, self.gradient_accumulation_steps)
+        self.step = self.step * before // self.num_processes
+        self.gradient_accumulation_steps = steps
 
     # ------------------------------------------------------------------ tracking
 

@@ -35,14 +35,17 @@ class Ids(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def _train(
-    folder: str, split: bool, steps: int, resume: bool, own_generator: bool
+    folder: str, split: bool, steps: int, resume: bool, own_generator: bool, keep: bool = False
 ) -> dict[str, Any]:
     """Train global steps until ``steps`` (saving at the end unless resuming); the ledger."""
     from hasten import Accelerator
     from hasten.utils import DataLoaderConfiguration, set_seed
 
     set_seed(0)
-    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=split))
+    acc = Accelerator(
+        cpu=True,
+        dataloader_config=DataLoaderConfiguration(split_batches=split, keep_global_batch=keep),
+    )
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     generator = torch.Generator().manual_seed(7) if own_generator else None
@@ -57,11 +60,12 @@ def _train(
             done = SAVED_AT
         while done < steps:
             for ids, x in loader:
-                acc.backward((model(x) ** 2).mean())
-                optimizer.step()
-                optimizer.zero_grad()
+                with acc.accumulate(model):
+                    acc.backward((model(x) ** 2).mean())
+                    optimizer.step()
+                    optimizer.zero_grad()
                 ledger.append(acc.gather(ids).tolist())
-                done += 1
+                done += int(acc.sync_gradients)  # optimizer steps
                 if done == steps:
                     break
     if not resume:
@@ -70,19 +74,24 @@ def _train(
         "ledger": ledger,
         "weight": [p.detach().clone() for p in model.parameters()],
         "warnings": [str(w.message) for w in caught if w.category is RuntimeWarning],
+        "accumulation": acc.gradient_accumulation_steps,
     }
 
 
-def _compare(tmp: Path, before: int, after: int, split: bool, own: bool) -> tuple[Any, Any]:
+def _compare(
+    tmp: Path, before: int, after: int, split: bool, own: bool, keep: bool = False
+) -> tuple[Any, Any]:
     """(uninterrupted at ``before``, saved at ``before`` and resumed at ``after``)."""
     full = run_distributed(
-        _train, str(tmp / "full"), split, TOTAL, False, own, world_size=before, timeout=90
+        _train, str(tmp / "full"), split, TOTAL, False, own, keep, world_size=before, timeout=90
     )[0]
     folder = str(tmp / "ckpt")
     first = run_distributed(
-        _train, folder, split, SAVED_AT, False, own, world_size=before, timeout=90
+        _train, folder, split, SAVED_AT, False, own, keep, world_size=before, timeout=90
     )[0]
-    rest = run_distributed(_train, folder, split, TOTAL, True, own, world_size=after, timeout=90)
+    rest = run_distributed(
+        _train, folder, split, TOTAL, True, own, keep, world_size=after, timeout=90
+    )
     resumed = dict(rest[0], ledger=first["ledger"] + rest[0]["ledger"])
     resumed["warnings"] = [w for r in rest for w in r["warnings"]]
     return full, resumed
@@ -134,3 +143,33 @@ def test_per_process_batches_two_to_one_continue_the_order_and_warn(tmp_path: Pa
     assert flat == [i for step in full["ledger"] for i in step][: len(flat)]
     _each_sample_once_per_epoch(resumed["ledger"])
     assert any("the global batch changes (2 to 1" in w for w in resumed["warnings"])
+
+
+@pytest.mark.timeout(240)
+def test_keep_global_batch_doubles_accumulation_on_fewer_processes(tmp_path: Path) -> None:
+    full, resumed = _compare(tmp_path, 2, 1, split=False, own=False, keep=True)
+    assert resumed["accumulation"] == 2  # 2 processes x 1 step = 1 process x 2 steps
+    flat = [i for step in resumed["ledger"] for i in step]
+    assert flat == [i for step in full["ledger"] for i in step]  # same order, each once
+    _each_sample_once_per_epoch(resumed["ledger"])
+    _same_weights(full, resumed)
+    assert not any("global batch changes" in w for w in resumed["warnings"])
+
+
+def _load_on_two(folder: str) -> str:
+    try:
+        _train(folder, False, TOTAL, True, False, True)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(240)
+def test_keep_global_batch_that_more_processes_cannot_divide_is_refused(tmp_path: Path) -> None:
+    folder = str(tmp_path / "ckpt")
+    run_distributed(_train, folder, False, SAVED_AT, False, False, True, world_size=1, timeout=90)
+    errors = run_distributed(_load_on_two, folder, world_size=2, timeout=90)
+    for error in errors:  # names both numbers and the way out
+        assert "global batch is 1 per-process batches" in error
+        assert "which 2 processes cannot divide" in error
+        assert "gradient_accumulation_steps" in error

@@ -378,6 +378,12 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
 
     # -- iteration ---------------------------------------------------------------------------
 
+    # Set by Accelerator.prepare from DataLoaderConfiguration.keep_global_batch: a load by
+    # another number of processes then keeps the global batch (the accelerator scales
+    # gradient accumulation), so the rescaled position is not warned about.
+    keep_global_batch = False
+    saved_processes: int | None = None  # processes that saved the last loaded state
+
     _move_to: Any = None  # DataLoaderShard: the device batches go to (None: no move)
     # Set by an upper layer (checkpointing's preemption watcher) to run between two batches,
     # once the step on the previous batch is complete; None costs one check per batch.
@@ -562,7 +568,8 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         self.iteration = int(state_dict["epoch"])
         self._position = None
         now, split = loader_processes(self)
-        position = rescale_position(state_dict, now, split)
+        self.saved_processes = int(state_dict.get("num_processes", now))
+        position = rescale_position(state_dict, now, split, self.keep_global_batch)
         self._resume = dict(state_dict, batches_yielded=position) if position else None
 
     def pipeline_state(self) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["adopt_saved_generator", "loader_processes", "rescale_position"]
+__all__ = ["adopt_saved_generator", "kept_accumulation", "loader_processes", "rescale_position"]
 
 
 def loader_processes(loader: Any) -> tuple[int, bool]:
@@ -32,8 +32,10 @@ def loader_processes(loader: Any) -> tuple[int, bool]:
     return 1, False
 
 
-def rescale_position(state: dict[str, Any], now: int, split: bool) -> int:
+def rescale_position(state: dict[str, Any], now: int, split: bool, keep: bool = False) -> int:
     """This process's batches to skip for a ``state`` saved by ``state["num_processes"]``.
+
+    ``keep``: the accelerator keeps the global batch (``keep_global_batch``): not warned.
 
     Raises:
         ValueError: per-process batches whose count in the order cannot be shared evenly by the
@@ -53,15 +55,35 @@ def rescale_position(state: dict[str, Any], now: int, split: bool) -> int:
             f"evenly. Resume on a number of processes that divides {consumed}, or use "
             "DataLoaderConfiguration(split_batches=True) so the global batch is fixed."
         )
+    if keep:
+        return consumed // now
     warnings.warn(
         f"The checkpoint was saved by {saved} processes and is loaded by {now}: with per-process "
         f"batches the global batch changes ({saved} to {now} batches per step); the epoch goes "
-        f"on from the same place in the same order, each sample once. Use split_batches=True "
-        "to keep the global batch.",
+        "on from the same place in the same order, each sample once. Use split_batches=True "
+        "or DataLoaderConfiguration(keep_global_batch=True) to keep the global batch.",
         RuntimeWarning,
         stacklevel=4,
     )
     return consumed // now
+
+
+def kept_accumulation(saved: int, now: int, accumulation: int) -> int:
+    """Gradient accumulation steps that keep a global batch of ``saved x accumulation``
+    per-process batches on ``now`` processes.
+
+    Raises:
+        ValueError: ``now`` processes cannot divide that global batch.
+    """
+    batches = saved * accumulation
+    if batches % now:
+        raise ValueError(
+            f"keep_global_batch: the checkpoint's global batch is {batches} per-process batches "
+            f"({saved} processes x {accumulation} accumulation steps), which {now} processes "
+            f"cannot divide. Resume on a number of processes that divides {batches}, or raise "
+            "gradient_accumulation_steps (or the per-process batch size) so it divides."
+        )
+    return batches // now
 
 
 def adopt_saved_generator(sampler: Any, rng: dict[str, Any]) -> torch.Generator | None:
