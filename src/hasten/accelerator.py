@@ -968,7 +968,6 @@ class Accelerator:
             use_stateful_dataloader=getattr(config, "use_stateful_dataloader", False),
             torch_device_mesh=self.torch_device_mesh,
         )
-        prepared.keep_global_batch = bool(getattr(config, "keep_global_batch", False))
         self._mark(prepared)
         self._dataloaders.append(prepared)
         return prepared
@@ -1392,11 +1391,19 @@ class Accelerator:
 
         A damaged or partial checkpoint is refused (naming the file); any part that cannot be
         restored raises, naming it, unless ``strict=False``, which warns once per part.
+        ``keep_global_batch=True`` (hasten, a keyword): with per-process batches and another
+        number of processes than saved, scale ``gradient_accumulation_steps`` to keep the
+        saved global batch (docs/checkpoints.md).
         """
         from hasten.checkpointing.functional import optimizer_map_location
 
         # Accelerate takes map_location among the keyword arguments (None, "cpu", "on_device")
         where = load_model_func_kwargs.pop("map_location", (load_kwargs or {}).get("map_location"))
+        # hasten: keep_global_batch=True (per-process batches, loaded by another number of
+        # processes) scales gradient accumulation so each optimizer step sees the saved batch
+        keep = bool(load_model_func_kwargs.pop("keep_global_batch", False))
+        for loader in self._dataloaders:
+            loader.keep_global_batch = keep
         attributes = self._checkpoints.load_state(
             input_dir,
             self._checkpoint_contents(for_save=False),
@@ -1404,7 +1411,7 @@ class Accelerator:
             strict=strict,
         )
         self.step = int(attributes.get("step", self.step))  # the accumulation micro-step count
-        if self.dataloader_config.keep_global_batch:
+        if keep:
             self._keep_global_batch()
 
     def _keep_global_batch(self) -> None:

@@ -44,7 +44,7 @@ def _train(
     set_seed(0)
     acc = Accelerator(
         cpu=True,
-        dataloader_config=DataLoaderConfiguration(split_batches=split, keep_global_batch=keep),
+        dataloader_config=DataLoaderConfiguration(split_batches=split),
     )
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -56,7 +56,7 @@ def _train(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if resume:
-            acc.load_state(folder)
+            acc.load_state(folder, keep_global_batch=keep)
             done = SAVED_AT
         while done < steps:
             for ids, x in loader:

@@ -75,10 +75,6 @@ class DataLoaderConfiguration:
         data_seed: seed of that sampler's generator (None = torch's current default seed).
         non_blocking: copy batches to the device with non_blocking=True (use with pin_memory).
         use_stateful_dataloader: back prepared loaders by torchdata's StatefulDataLoader.
-        keep_global_batch: (hasten) with per-process batches, a checkpoint loaded by another
-            number of processes keeps the saved global batch by scaling
-            ``gradient_accumulation_steps`` (saved processes x steps / new processes), so the
-            run trains the same samples per optimizer step, each once per epoch.
     """
 
     split_batches: bool = False
@@ -88,7 +84,6 @@ class DataLoaderConfiguration:
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
-    keep_global_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.data_seed is not None and whole_number(self.data_seed) is None:

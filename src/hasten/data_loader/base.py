@@ -378,7 +378,7 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
 
     # -- iteration ---------------------------------------------------------------------------
 
-    # Set by Accelerator.prepare from DataLoaderConfiguration.keep_global_batch: a load by
+    # Set by Accelerator.load_state(keep_global_batch=True): a load by
     # another number of processes then keeps the global batch (the accelerator scales
     # gradient accumulation), so the rescaled position is not warned about.
     keep_global_batch = False

@@ -35,7 +35,8 @@ def loader_processes(loader: Any) -> tuple[int, bool]:
 def rescale_position(state: dict[str, Any], now: int, split: bool, keep: bool = False) -> int:
     """This process's batches to skip for a ``state`` saved by ``state["num_processes"]``.
 
-    ``keep``: the accelerator keeps the global batch (``keep_global_batch``): not warned.
+    ``keep``: the accelerator keeps the global batch (``load_state(keep_global_batch=True)``):
+    not warned.
 
     Raises:
         ValueError: per-process batches whose count in the order cannot be shared evenly by the
@@ -61,7 +62,7 @@ def rescale_position(state: dict[str, Any], now: int, split: bool, keep: bool = 
         f"The checkpoint was saved by {saved} processes and is loaded by {now}: with per-process "
         f"batches the global batch changes ({saved} to {now} batches per step); the epoch goes "
         "on from the same place in the same order, each sample once. Use split_batches=True "
-        "or DataLoaderConfiguration(keep_global_batch=True) to keep the global batch.",
+        "or load_state(..., keep_global_batch=True) to keep the global batch.",
         RuntimeWarning,
         stacklevel=4,
     )
