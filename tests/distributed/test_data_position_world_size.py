@@ -173,3 +173,30 @@ def test_keep_global_batch_that_more_processes_cannot_divide_is_refused(tmp_path
         assert "global batch is 1 per-process batches" in error
         assert "which 2 processes cannot divide" in error
         assert "gradient_accumulation_steps" in error
+
+
+def _split_three(folder: str, resume: bool) -> str:
+    """Save a split-batches run whose global batch is 3, or try to resume it; the error."""
+    from hasten import Accelerator
+    from hasten.utils import DataLoaderConfiguration
+
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    try:
+        loader = acc.prepare(DataLoader(Ids(), batch_size=3))
+    except ValueError as exc:
+        return str(exc)
+    next(iter(loader))
+    if not resume:
+        acc.save_state(folder)
+    del model
+    return "no error"
+
+
+@pytest.mark.timeout(240)
+def test_a_global_batch_the_new_processes_cannot_divide_is_refused(tmp_path: Path) -> None:
+    folder = str(tmp_path / "ckpt")
+    assert run_distributed(_split_three, folder, False, world_size=1, timeout=90) == ["no error"]
+    for error in run_distributed(_split_three, folder, True, world_size=2, timeout=90):
+        assert "batch size (3) needs to be a round multiple of the number of processes (2)" in error
+        assert "Use a batch size divisible by 2" in error
