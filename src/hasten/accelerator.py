@@ -1148,11 +1148,18 @@ class Accelerator:
 
         A damaged or partial checkpoint is refused (naming the file); any part that cannot be
         restored raises, naming it, unless ``strict=False``, which warns once per part.
+        ``keep_global_batch=True`` (hasten, a keyword): with per-process batches and another
+        number of processes than saved, scale ``gradient_accumulation_steps`` to keep the
+        saved global batch (docs/checkpoints.md).
         """
         from hasten.checkpointing.functional import optimizer_map_location
+        from hasten.data_loader.world_size import kept_schedule
 
         # Accelerate takes map_location among the keyword arguments (None, "cpu", "on_device")
         where = load_model_func_kwargs.pop("map_location", (load_kwargs or {}).get("map_location"))
+        keep = bool(load_model_func_kwargs.pop("keep_global_batch", False))
+        for loader in self._dataloaders:
+            loader.keep_global_batch = keep
         layout, contents = self._checkpoint_contents(for_save=False)
         attributes = self._checkpoints.load_state(
             input_dir,
@@ -1162,6 +1169,10 @@ class Accelerator:
             strict=strict,
         )
         self.step = int(attributes.get("step", self.step))  # the accumulation micro-step count
+        if keep:  # per-process batches loaded by another number of processes
+            self.gradient_accumulation_steps, self.step = kept_schedule(
+                self._dataloaders, self.num_processes, self.gradient_accumulation_steps, self.step
+            )
 
     # ------------------------------------------------------------------ tracking
 

@@ -38,7 +38,13 @@ from hasten.checkpointing.layouts.base import (
     warn_or_raise,
 )
 from hasten.checkpointing.layouts.factory import default_layout
-from hasten.checkpointing.rng import capture_rng_state, has_saved_rng_state, restore_rng_state
+from hasten.checkpointing.rng import (
+    capture_rng_state,
+    has_saved_rng_state,
+    load_pipeline_states,
+    pipeline_state_of,
+    restore_rng_state,
+)
 from hasten.checkpointing.storage import paths
 from hasten.checkpointing.storage.agreement import (
     agree_on_outcome,
@@ -165,6 +171,8 @@ def _plan_jobs(save: LayoutSave, layout: CheckpointLayout[StagedT], step: int) -
         plan.jobs += shared
         plan.shared_names += [job.name for job in shared]
     rng = {**capture_rng_state(), "step": step}
+    # each process's data pipeline streams (random transforms, collators, workers) are its own
+    rng["dataloaders"] = [pipeline_state_of(d) for d in save.contents.dataloaders]
     plan.jobs.append(pickle_job(paths.rng_file(plan.rank), rng))
     return staged
 
@@ -302,7 +310,7 @@ def _load_contents(
                 raise
             except Exception as exc:  # noqa: BLE001 - named and re-raised, or warned if non-strict
                 warn_or_raise(part, exc, strict)
-        return {"step": _load_rng(files, _read_rng(files), strict)}
+        return {"step": _load_rng(files, _read_rng(files), strict, contents.dataloaders)}
 
 
 def _start_part(
@@ -339,8 +347,11 @@ def _stateful_parts(contents: CheckpointContents) -> list[tuple[str, str, Any]]:
 
 def _read_rng(files: CheckpointReader) -> Any:
     """This process's saved RNG states, the exception reading them raised, or {} (resharded)."""
-    rank = PartialState().process_index
-    if not has_saved_rng_state(files.manifest, rank):  # warns: a process the save did not have
+    state = PartialState()
+    rank = state.process_index
+    if not has_saved_rng_state(
+        files.manifest, rank, state.num_processes
+    ):  # warns: a process the save did not have
         return {}
     try:
         return files.unpickle(paths.rng_file(rank), "cpu")
@@ -348,8 +359,9 @@ def _read_rng(files: CheckpointReader) -> Any:
         return exc
 
 
-def _load_rng(files: CheckpointReader, rng: Any, strict: bool) -> int:
-    """Restore the RNG states `_read_rng` gave; return the saved step."""
+def _load_rng(files: CheckpointReader, rng: Any, strict: bool, loaders: list[Any]) -> int:
+    """Restore the RNG states `_read_rng` gave (and the loaders' pipeline streams); return the
+    saved step."""
     saved_step = int((files.manifest or {}).get("step", 0))
     if isinstance(rng, CorruptCheckpointError):
         raise rng
@@ -357,5 +369,6 @@ def _load_rng(files: CheckpointReader, rng: Any, strict: bool) -> int:
         warn_or_raise("the RNG states", rng, strict)
         return saved_step
     step = int(rng.pop("step", saved_step))
+    load_pipeline_states(loaders, rng.pop("dataloaders", None))
     restore_rng_state(rng, strict=strict)
     return step

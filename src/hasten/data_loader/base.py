@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from itertools import islice
@@ -27,7 +28,18 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 from hasten.core.imports import require
 from hasten.core.nested import send_to_device
 from hasten.data_loader.iterable import IterableDatasetShard
+from hasten.data_loader.pipeline_rng import (
+    GlobalRngState,
+    PipelineRng,
+    capture_global_rng,
+    restore_global_rng,
+)
 from hasten.data_loader.samplers import get_sampler
+from hasten.data_loader.world_size import (
+    adopt_saved_generator,
+    loader_processes,
+    rescale_position,
+)
 from hasten.state import GradientState
 
 __all__ = [
@@ -76,6 +88,21 @@ class _SkipOnce(Sampler[Any]):
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
+
+
+class _NotedIndices(Sampler[Any]):
+    """Index sampler that notes the pipeline's generator states before each batch is loaded."""
+
+    def __init__(self, sampler: Any, pipeline: PipelineRng, resume: dict[str, Any] | None) -> None:
+        self.sampler = sampler
+        self.pipeline = pipeline
+        self.resume = resume
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.pipeline.indices(self.sampler, self.resume)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 class _Progress:
@@ -194,7 +221,7 @@ class _StatefulMixin:
         self._stateful_base().load_state_dict(self, state_dict)
         self._dl_state = None
 
-    def _start_epoch(self) -> tuple[int, torch.Tensor | None]:
+    def _start_epoch(self) -> tuple[int, GlobalRngState | None]:
         self._sync_rng()  # type: ignore[attr-defined]
         self.set_epoch(self.iteration)  # type: ignore[attr-defined]
         return self.skip_batches, None  # type: ignore[attr-defined]
@@ -276,6 +303,9 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         self._progress = _Progress()
         self._epoch_rng: dict[str, torch.Tensor] | None = None
         self._resume: dict[str, Any] | None = None
+        self._pipeline = PipelineRng(self.num_workers)
+        self._note_indices: tuple[dict[str, Any] | None] | None = None
+        self._give_back: torch.Generator | None = None
 
     @_instance_attribute
     def base_dataloader(self) -> DataLoader[Any]:
@@ -298,7 +328,11 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         # drops the first indices skips batches without loading their data.
         sampler = self.batch_sampler if self._auto_collation else self.sampler
         skip, self._skip_indices = self._skip_indices, 0
-        return _SkipOnce(sampler, skip) if skip else sampler  # type: ignore[arg-type]
+        sampler = _SkipOnce(sampler, skip) if skip else sampler  # type: ignore[arg-type]
+        note, self._note_indices = self._note_indices, None
+        if note is not None:  # read by the iterator being made: note the pipeline's states
+            return _NotedIndices(sampler, self._pipeline, note[0])
+        return sampler
 
     def _base_iterator(self, skip: int) -> Iterator[Any]:
         """Create the underlying iterator, already past the first ``skip`` batches."""
@@ -314,7 +348,41 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
     def _fetcher(self, iterator: Iterator[Any]) -> Callable[[], Any]:
         return iterator.__next__
 
+    def _tracks_pipeline(self) -> bool:
+        """Whether this loader records its pipeline's random streams (see `pipeline_rng`).
+
+        Not with torchdata (it keeps its own worker states) and not with persistent workers
+        (they are not reseeded per epoch; `load_pipeline_state` warns).
+        """
+        return not self.use_stateful_dataloader and not (
+            self.num_workers > 0 and self.persistent_workers
+        )
+
+    def _pipeline_iterator(self, skip: int) -> Callable[[], Any]:
+        """The batch fetch of an iteration past ``skip`` batches, noting the random streams."""
+        if not self._tracks_pipeline():
+            return self._fetcher(self._base_iterator(skip))
+        pipeline = self._pipeline
+        resume = pipeline.begin(skip + self._offset)
+        if self.num_workers == 0:
+            self._note_indices = (resume,)
+            return self._fetcher(self._base_iterator(skip))
+        collate, init = self.collate_fn, self.worker_init_fn
+        self.collate_fn = pipeline.collate(collate)
+        self.worker_init_fn = pipeline.worker_init(init)
+        try:  # the iterator takes both when it is made (and its workers start)
+            iterator = self._base_iterator(skip)
+        finally:
+            self.collate_fn, self.worker_init_fn = collate, init
+        return self._fetcher(iter(_Unwrapped(pipeline.unwrap(iterator.__next__))))
+
     # -- iteration ---------------------------------------------------------------------------
+
+    # Set by Accelerator.load_state(keep_global_batch=True): a load by
+    # another number of processes then keeps the global batch (the accelerator scales
+    # gradient accumulation), so the rescaled position is not warned about.
+    keep_global_batch = False
+    saved_processes: int | None = None  # processes that saved the last loaded state
 
     _move_to: Any = None  # DataLoaderShard: the device batches go to (None: no move)
     # Set by an upper layer (checkpointing's preemption watcher) to run between two batches,
@@ -341,14 +409,16 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         skip, restore_rng = self._start_epoch()
         self.begin()
         try:
-            fetch = self._fetcher(self._base_iterator(skip))
+            fetch = self._pipeline_iterator(skip)
             try:
                 current = fetch()
             except StopIteration:
                 self._position = None
                 return
             if restore_rng is not None:
-                torch.set_rng_state(restore_rng)
+                restore_global_rng(restore_rng)
+            if self._give_back is not None:  # the saved epoch's order is drawn: own one again
+                get_sampler(self).generator, self._give_back = self._give_back, None  # type: ignore[union-attr]
             # The per-batch loop, kept in this frame (no `yield from`): read one batch ahead
             # to know, when handing out a batch, whether it is the last one.
             position = skip + self._offset
@@ -400,8 +470,8 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         if self._origin is not None:
             self._origin._epoch_rng = states
 
-    def _start_epoch(self) -> tuple[int, torch.Tensor | None]:
-        """Prepare an iteration; return (batches to skip, global RNG state to restore)."""
+    def _start_epoch(self) -> tuple[int, GlobalRngState | None]:
+        """Prepare an iteration; return (batches to skip, global RNG states to restore)."""
         resume, self._resume = self._resume, None
         if self._origin is not None:
             resume = self._adopt_origin(resume)
@@ -410,13 +480,15 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
             self.set_epoch(self.iteration)
             self._capture_epoch_rng()
             return self.skip_batches, None
-        current = torch.get_rng_state()
+        current = capture_global_rng()
         rng = resume.get("rng", {})
+        self._give_back = adopt_saved_generator(get_sampler(self), rng)
         for key, gen in self._generators().items():
             if f"{key}_generator" in rng:
                 gen.set_state(rng[f"{key}_generator"])
-        if "torch" in rng:
-            torch.set_rng_state(rng["torch"])
+        epoch_torch = (self._pipeline.pending or {}).get("torch_epoch", rng.get("torch"))
+        if epoch_torch is not None:  # this process's own, when its pipeline state was loaded
+            torch.set_rng_state(epoch_torch)
         self.set_epoch(self.iteration)
         self._capture_epoch_rng()
         return int(resume["batches_yielded"]) or self.skip_batches, current
@@ -434,6 +506,7 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         reports the copy's progress, so a checkpoint taken while iterating the copy resumes.
         """
         self._origin, self._offset, self._progress = origin, offset, origin._progress
+        self._pipeline = origin._pipeline
 
     def _adopt_origin(self, resume: dict[str, Any] | None) -> dict[str, Any] | None:
         origin = self._origin
@@ -476,6 +549,7 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
         if position < 0:
             return {"epoch": self.iteration + 1, "batches_yielded": 0}
         state: dict[str, Any] = {"epoch": self.iteration, "batches_yielded": position}
+        state["num_processes"], state["split_batches"] = loader_processes(self)
         if position and self._epoch_rng is not None:
             state["rng"] = dict(self._epoch_rng)
         return state
@@ -493,7 +567,36 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
             )
         self.iteration = int(state_dict["epoch"])
         self._position = None
-        self._resume = dict(state_dict) if state_dict["batches_yielded"] else None
+        now, split = loader_processes(self)
+        self.saved_processes = int(state_dict.get("num_processes", now))
+        position = rescale_position(state_dict, now, split, self.keep_global_batch)
+        self._resume = dict(state_dict, batches_yielded=position) if position else None
+
+    def pipeline_state(self) -> dict[str, Any] | None:
+        """This process's data-pipeline random streams at the current position (None between
+        epochs): saved per process, beside its RNG states, by `save_state`."""
+        if self._resume is not None:  # loaded but not iterated yet: what was loaded
+            return self._pipeline.pending
+        position = self._position
+        if not position or position < 0 or not self._tracks_pipeline():
+            return None
+        state = self._pipeline.state(position)
+        if self._epoch_rng is not None:
+            state["torch_epoch"] = self._epoch_rng["torch"]
+        return state
+
+    def load_pipeline_state(self, state: dict[str, Any] | None) -> None:
+        """Make the next iteration redraw what the saved one drew (see `pipeline_state`)."""
+        if state is not None and not self._tracks_pipeline():
+            warnings.warn(
+                "This loader's data pipeline random streams are not restored (persistent workers "
+                "or torchdata keep their own): random transforms and collators will not draw what "
+                "the saved run drew. Use persistent_workers=False for an exact resume.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        self._pipeline.pending = state
 
     def _take_resume(self) -> dict[str, Any] | None:
         """Hand a loaded-but-unused resume point over to a copy (see `skip_first_batches`).
@@ -541,6 +644,19 @@ class DataLoaderAdapter(_ChoosesStatefulVariant, DataLoader[Any], DataLoaderStat
 
 
 _END = object()
+
+
+class _Unwrapped:
+    """An iterator over what ``fetch`` returns (worker batches without their RNG notes)."""
+
+    def __init__(self, fetch: Callable[[], Any]) -> None:
+        self.fetch = fetch
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        return self.fetch()
 
 
 # The name hasten's loaders were built on before Accelerate's was adopted.

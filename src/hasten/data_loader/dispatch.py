@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
-import torch
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from hasten.core.nested import (
@@ -27,6 +26,7 @@ from hasten.core.nested import (
     slice_tensors,
 )
 from hasten.data_loader.base import ResumableDataLoader
+from hasten.data_loader.pipeline_rng import restore_global_rng
 from hasten.ops.collectives import broadcast, broadcast_object_list
 from hasten.state import PartialState
 from hasten.state.mesh import data_parallel_share
@@ -122,6 +122,9 @@ class DataLoaderDispatcher(ResumableDataLoader):
         # Skipping happens in the underlying loader: whole rounds of its batches.
         return super()._base_iterator(skip * self._round_size)
 
+    def _tracks_pipeline(self) -> bool:
+        return False  # batches are made on the main process only, a round at a time
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         skip, restore_rng = self._start_epoch()
         self.begin()
@@ -136,7 +139,7 @@ class DataLoaderDispatcher(ResumableDataLoader):
                 super()._base_iterator(0)
             current = next(rounds, None) if rounds is not None else None
             if restore_rng is not None:
-                torch.set_rng_state(restore_rng)
+                restore_global_rng(restore_rng)
             yield from self._dispatch(rounds, current, skip)
         finally:
             self.end()
