@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hasten-installed
+# The demo's own light install: torch, hasten and matplotlib (for `hasten plot`), nothing else.
+DEMO_STAMP := $(VENV)/.hasten-demo-installed
 # torch first, pinned: on this kind of machine 2.13.0 is a local CPU wheel, so no CUDA build is pulled.
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test test-ecosystem test-clusters lint typecheck layers pytest bench clean install conformance docs
+.PHONY: demo demo-install test test-ecosystem test-clusters lint typecheck layers pytest bench clean install conformance docs
 
 install: $(STAMP)
 
@@ -23,7 +25,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[ecosystem]"
 	@touch $(STAMP)
 
-demo: $(STAMP)
+# `make demo` needs only torch, hasten and matplotlib: it installs those (torch first, pinned, so
+# no CUDA build is pulled), not the test, docs or ecosystem tools, and leaves `accelerate` alone.
+# A venv that `make test` set up already has all of them.
+demo-install: $(DEMO_STAMP)
+
+$(DEMO_STAMP):
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ -f $(STAMP) ]; then touch $(DEMO_STAMP); else \
+		$(BIN)/python -m pip install -q "$(TORCH_SPEC)" && \
+		$(BIN)/python -m pip install -q -e ".[plot]" && touch $(DEMO_STAMP); fi
+
+demo: $(DEMO_STAMP)
 	rm -rf $(DEMO_DIR)
 	$(BIN)/hasten launch --cpu --num_processes 2 examples/train_classifier.py --project_dir $(DEMO_DIR)
 	$(BIN)/hasten plot $(DEMO_DIR) -o $(DEMO_DIR)/metrics.png
