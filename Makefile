@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hasten-installed
-# The demo's own light install: torch, hasten and matplotlib (for `hasten plot`), nothing else.
+# The demo's own light install: torch, hasten, tqdm (its progress bar) and matplotlib (`hasten plot`).
 DEMO_STAMP := $(VENV)/.hasten-demo-installed
 # torch first, pinned: on this kind of machine 2.13.0 is a local CPU wheel, so no CUDA build is pulled.
+# Elsewhere: make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" ...
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo_out
 
@@ -19,13 +20,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(BIN)/python -m pip install -q -e ".[dev,test,docs]"
 	$(BIN)/hasten accelerate install
 	$(BIN)/python -m pip install -q -e ".[ecosystem]"
 	@touch $(STAMP)
 
-# `make demo` needs only torch, hasten and matplotlib: it installs those (torch first, pinned, so
+# `make demo` needs only torch, hasten, tqdm and matplotlib: it installs those (torch first, pinned, so
 # no CUDA build is pulled), not the test, docs or ecosystem tools, and leaves `accelerate` alone.
 # A venv that `make test` set up already has all of them.
 demo-install: $(DEMO_STAMP)
@@ -33,8 +34,8 @@ demo-install: $(DEMO_STAMP)
 $(DEMO_STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@if [ -f $(STAMP) ]; then touch $(DEMO_STAMP); else \
-		$(BIN)/python -m pip install -q "$(TORCH_SPEC)" && \
-		$(BIN)/python -m pip install -q -e ".[plot]" && touch $(DEMO_STAMP); fi
+		$(BIN)/python -m pip install -q $(TORCH_SPEC) && \
+		$(BIN)/python -m pip install -q -e ".[plot,tqdm]" && touch $(DEMO_STAMP); fi
 
 demo: $(DEMO_STAMP)
 	rm -rf $(DEMO_DIR)

@@ -88,7 +88,10 @@ def test_require_prefers_the_extra_and_pip_name(monkeypatch: pytest.MonkeyPatch)
     [
         (None, "pip install 'hasten[bnb]'"),  # from the package index
         ("/src/hasten", "pip install -e '/src/hasten[bnb]'"),  # an editable checkout
-        ("", "pip install 'bitsandbytes'"),  # a source tree on the path: the index has no such hasten
+        (
+            "",
+            "pip install 'bitsandbytes'",
+        ),  # a source tree on the path: the index has no such hasten
     ],
 )
 def test_install_command_follows_how_hasten_was_installed(
