@@ -62,7 +62,7 @@ $(DS_OPS): $(STAMP)
 	@touch $(DS_OPS)
 
 pytest: $(STAMP) $(DS_OPS)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # mypy (~1 min cold) and the DeepSpeed op build (~80 s) are each one core's work: run the checks
 # and the build side by side, then the tests (a failed check still stops before pytest).
