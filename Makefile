@@ -3,11 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hasten-installed
+# The demo's own light install: torch, hasten, tqdm (its progress bar) and matplotlib (`hasten plot`).
+DEMO_STAMP := $(VENV)/.hasten-demo-installed
 # torch first, pinned: on this kind of machine 2.13.0 is a local CPU wheel, so no CUDA build is pulled.
+# Elsewhere: make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" ...
 TORCH_SPEC ?= torch==2.13.0
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test test-ecosystem test-clusters test-matrix lint typecheck layers pytest bench clean install conformance docs
+.PHONY: demo demo-install test test-ecosystem test-clusters test-matrix lint typecheck layers pytest bench clean install conformance docs
 
 install: $(STAMP)
 
@@ -17,13 +20,24 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(BIN)/python -m pip install -q -e ".[dev,test,docs]"
 	$(BIN)/hasten accelerate install
 	$(BIN)/python -m pip install -q -e ".[ecosystem]"
 	@touch $(STAMP)
 
-demo: $(STAMP)
+# `make demo` needs only torch, hasten, tqdm and matplotlib: it installs those (torch first, pinned, so
+# no CUDA build is pulled), not the test, docs or ecosystem tools, and leaves `accelerate` alone.
+# A venv that `make test` set up already has all of them.
+demo-install: $(DEMO_STAMP)
+
+$(DEMO_STAMP):
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ -f $(STAMP) ]; then touch $(DEMO_STAMP); else \
+		$(BIN)/python -m pip install -q $(TORCH_SPEC) && \
+		$(BIN)/python -m pip install -q -e ".[plot,tqdm]" && touch $(DEMO_STAMP); fi
+
+demo: $(DEMO_STAMP)
 	rm -rf $(DEMO_DIR)
 	$(BIN)/hasten launch --cpu --num_processes 2 examples/train_classifier.py --project_dir $(DEMO_DIR)
 	$(BIN)/hasten plot $(DEMO_DIR) -o $(DEMO_DIR)/metrics.png
@@ -48,7 +62,7 @@ $(DS_OPS): $(STAMP)
 	@touch $(DS_OPS)
 
 pytest: $(STAMP) $(DS_OPS)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # mypy (~1 min cold) and the DeepSpeed op build (~80 s) are each one core's work: run the checks
 # and the build side by side, then the tests (a failed check still stops before pytest).

@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from hasten.ops.comm import Communicator
     from hasten.tracking.manager import TrackerManager
     from hasten.tracking.registry import LogWith
+    from hasten.training.unsaved_signals import UnsavedSignalNotice
 
 __all__ = ["Accelerator"]
 
@@ -220,9 +221,19 @@ class Accelerator:
         self._prepared = self._objects.registry
         self._custom_objects: list[Any] = []
         self._checkpoint_manager: CheckpointManager | None = None
-        if self.project_configuration.automatic_checkpoint_naming:
-            # SIGTERM/SIGUSR1 then checkpoint and exit with code 75 (needs a project_dir too).
-            self._checkpoints.watch_preemption(self.save_state)
+        self._unsaved_notice: UnsavedSignalNotice | None = None
+        self._watch_signals()
+
+    def _watch_signals(self) -> None:
+        """SIGTERM/SIGUSR1 checkpoint and exit 75, or (nothing configured) warn that none saves."""
+        if self.project_configuration.automatic_checkpoint_naming and (
+            self._checkpoints.watch_preemption(self.save_state)  # needs a project_dir too
+        ):
+            return
+        from hasten.training.unsaved_signals import UnsavedSignalNotice as Notice
+
+        self._unsaved_notice = Notice()
+        self._unsaved_notice.install()
 
     @property
     def _checkpoints(self) -> CheckpointManager:
@@ -1206,6 +1217,8 @@ class Accelerator:
         """
         if self._checkpoint_manager is not None:
             self._checkpoint_manager.finish()
+        if self._unsaved_notice is not None:
+            self._unsaved_notice.uninstall()
         if self._tracker_manager is not None:
             self._tracker_manager.finish()
         self.wait_for_everyone()

@@ -32,8 +32,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
     Every logging call accepts two extra keywords: ``main_process_only`` (default True) and
     ``in_order`` (default False: log on every process, one process at a time, in rank order;
-    it overrides ``main_process_only``). Records of a multi-process run are prefixed with the
-    process index.
+    it overrides ``main_process_only``). Every record is prefixed with the process index
+    (``[RANK 0]`` on one process too, as in Accelerate).
     """
 
     def __init__(self, logger: logging.Logger, extra: Any = None) -> None:
@@ -43,12 +43,12 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     def process(
         self, msg: object, kwargs: MutableMapping[str, Any]
     ) -> tuple[Any, MutableMapping[str, Any]]:
-        """Prefix the message with the process index in multi-process runs."""
+        """Prefix the message with the process index (``[RANK i]``)."""
         # stacklevel 2: report the caller of this adapter, not the adapter itself.
         kwargs.setdefault("stacklevel", 2)
-        state = _state()
-        if state.use_distributed:
-            msg = f"[RANK {state.process_index}] {msg}"
+        # Every record, one process included, as Accelerate does: a log read later (or grepped
+        # across runs) names its process whatever the job size was.
+        msg = f"[RANK {_state().process_index}] {msg}"
         return msg, kwargs
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:

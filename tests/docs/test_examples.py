@@ -107,6 +107,7 @@ def ddp_batch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         ("tensor_parallel", "by_feature/tensor_parallel.py", ["--epochs", "2"]),
         ("fsdp2", "by_feature/fsdp2_causal_lm.py", ["--steps", "16"]),
         ("pippy", "inference/pippy_inference.py", []),
+        ("split", "inference/distributed_inference.py", ["--prompts", "11"]),
     ]  # fmt: skip
     return tmp, _launch_batch(tmp, jobs)
 
@@ -149,6 +150,9 @@ def test_parallelism_and_inference_examples(ddp_batch: tuple[Path, dict[str, str
     assert _falls(_epochs(out["tensor_parallel"])), out["tensor_parallel"]
     assert "2 stages split at" in out["pippy"]
     assert float(re.findall(rf"unsplit model {FLOAT}", out["pippy"])[0]) < 1e-5
+    assert "process 0 answered 6 prompts" in out["split"]  # 11 prompts: 6 + 5
+    assert "11 answers in prompt order: True" in out["split"], out["split"]
+    assert "same as one process answering all: True" in out["split"]
 
 
 def test_fsdp2_saves_a_model_and_a_checkpoint_that_merge_weights_turns_into_the_same_file(

@@ -40,7 +40,7 @@ def test_main_process_logs_with_caller_location(caplog: pytest.LogCaptureFixture
     logger = get_logger("hasten.test", log_level="INFO")
     with caplog.at_level(logging.INFO, logger="hasten.test"):
         logger.info("hello %s", "world")
-    assert [r.getMessage() for r in caplog.records] == ["hello world"]
+    assert [r.getMessage() for r in caplog.records] == ["[RANK 0] hello world"]  # as Accelerate
     assert caplog.records[0].filename == "test_logging.py"
 
 
@@ -93,7 +93,7 @@ def test_warning_once(caplog: pytest.LogCaptureFixture) -> None:
         logger.warning_once("careful")
         logger.warning_once("careful")
         logger.warning_once("other")
-    assert [r.getMessage() for r in caplog.records] == ["careful", "other"]
+    assert [r.getMessage() for r in caplog.records] == ["[RANK 0] careful", "[RANK 0] other"]
 
 
 def test_tqdm_shows_on_local_main_only() -> None:

@@ -12,7 +12,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from hasten._version import __version__
 from hasten.commands.utils import CustomArgumentParser
+from hasten.compat.alias import ACCELERATE_API_VERSION
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -37,6 +39,12 @@ _USER_ERRORS = (ValueError, TypeError, FileNotFoundError, ImportError, RuntimeEr
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Return the ``hasten`` parser with every subcommand, or only `only` (faster)."""
     parser = argparse.ArgumentParser("hasten", allow_abbrev=False)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"hasten {__version__} (the API of Accelerate {ACCELERATE_API_VERSION})",
+        help="Print hasten's version and the Accelerate API it implements, then exit.",
+    )
     # Every subcommand accepts --a-b for each --a_b flag, as Accelerate's commands do.
     subparsers = parser.add_subparsers(
         title="commands", dest="command", metavar="<command>", parser_class=CustomArgumentParser

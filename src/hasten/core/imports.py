@@ -10,6 +10,7 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -22,6 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "deepspeed_required",
+    "install_command",
     "is_4bit_bnb_available",
     "is_8bit_bnb_available",
     "is_aim_available",
@@ -120,6 +122,41 @@ def is_package_available(name: str, min_version: str | None = None) -> bool:
     return compare_versions(version, ">=", min_version)
 
 
+@functools.cache
+def _editable_checkout() -> str | None:
+    """The checkout folder of an editable install of hasten; "" when not from the index; None from it."""
+    try:
+        dist = importlib.metadata.distribution("hasten")
+    except importlib.metadata.PackageNotFoundError:
+        return ""  # imported from a source tree on the path: no distribution to add an extra to
+    text = dist.read_text("direct_url.json")
+    if not text:
+        return None  # installed from a package index
+    origin = json.loads(text)
+    url = str(origin.get("url", ""))
+    if url.startswith("file://") and origin.get("dir_info", {}).get("editable"):
+        return url.removeprefix("file://")
+    return ""
+
+
+def install_command(spec: str, extra: str | None = None) -> str:
+    """The pip command that installs `spec`, written for how hasten itself was installed.
+
+    From the package index the extra names it (``pip install 'hasten[bnb]'``); from an editable
+    checkout the extra is added to that checkout (``pip install -e '/path[bnb]'``); otherwise (a
+    source tree on the path, a wheel built locally) the index has no such hasten, so the package
+    itself is named.
+    """
+    if extra is None:
+        return f"pip install '{spec}'"
+    checkout = _editable_checkout()
+    if checkout is None:
+        return f"pip install 'hasten[{extra}]'"
+    if checkout:
+        return f"pip install -e '{checkout}[{extra}]'"
+    return f"pip install '{spec}'"
+
+
 def require(
     package: str,
     *,
@@ -145,7 +182,7 @@ def require(
     spec = pip_name or package.replace("_", "-")
     if min_version is not None:
         spec = f"{spec}>={min_version}"
-    install = f"pip install 'hasten[{extra}]'" if extra else f"pip install '{spec}'"
+    install = install_command(spec, extra)
     found = _installed_version(package)
     state = "is not installed" if found is None else f"is installed at version {found}"
     needed = f" (>= {min_version} needed)" if min_version else ""

@@ -8,6 +8,7 @@ The names are the ``ACCELERATE_*`` variables that `PartialState` and the plugins
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +18,14 @@ from hasten.config.enums import enum_value
 from hasten.launchers.options import LAUNCH_OPTIONS
 from hasten.launchers.plan import LaunchPlan
 
-__all__ = ["apply_worker_env", "plugin_env", "setup_fp8_env", "worker_env"]
+__all__ = [
+    "apply_worker_env",
+    "check_section_keys",
+    "plugin_env",
+    "section_keys",
+    "setup_fp8_env",
+    "worker_env",
+]
 
 # distributed_type in a config file -> the flag variable that switches the engine on.
 _ENGINE_FLAGS = {
@@ -32,6 +40,14 @@ _RENAMED = {
     "zero3_init_flag": "ACCELERATE_DEEPSPEED_ZERO3_INIT",
     "zero3_save_16bit_model": "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
     "deepspeed_moe_layer_cls_names": "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES",
+}
+# Renamed variables -> the section whose key they carry.
+_SECTIONS_OF = {
+    "FSDP_TRANSFORMER_CLS_TO_WRAP": "fsdp_config",
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE": "deepspeed_config",
+    "ACCELERATE_DEEPSPEED_ZERO3_INIT": "deepspeed_config",
+    "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "deepspeed_config",
+    "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES": "deepspeed_config",
 }
 # Config section -> prefix of the variables its keys become.
 _SECTIONS = {
@@ -51,6 +67,58 @@ def _text(value: Any) -> str:
     if isinstance(value, list | tuple):
         return ",".join(enum_value(item) for item in value)
     return enum_value(value)
+
+
+# Keys of the sections that `check_section_keys` validates and that are read by the launcher
+# itself (DeepSpeed's multi-machine launch, the top-level accumulation) rather than a variable.
+_LAUNCHER_KEYS = {
+    "fsdp_config": frozenset(),
+    "deepspeed_config": frozenset(
+        {
+            "gradient_accumulation_steps",
+            "deepspeed_hostfile",
+            "deepspeed_exclusion_filter",
+            "deepspeed_inclusion_filter",
+            "deepspeed_multinode_launcher",
+        }
+    ),
+}
+
+
+def _variable(key: str, section: str) -> str:
+    strip, prefix = _SECTIONS[section]
+    renamed = {**_RENAMED, **{option.dest: option.env for option in LAUNCH_OPTIONS}}
+    return renamed.get(key) or prefix + key.removeprefix(strip).upper()
+
+
+def section_keys(section: str) -> list[str]:
+    """Every key `section` (``fsdp_config`` or ``deepspeed_config``) of a config file accepts."""
+    strip, prefix = _SECTIONS[section]
+    keys = set(_LAUNCHER_KEYS[section])
+    keys.update(option.dest for option in LAUNCH_OPTIONS if option.section == section)
+    keys.update(key for key, name in _RENAMED.items() if _SECTIONS_OF.get(name) == section)
+    renamed_targets = set(_RENAMED.values())  # reached through their own key, not the derived one
+    for name in envvars.ENV_VARS:
+        if name.startswith(prefix) and name not in renamed_targets:
+            keys.add(strip + name.removeprefix(prefix).lower())
+    known = (key for key in keys if _variable(key, section) in envvars.ENV_VARS)
+    return sorted({*known, *_LAUNCHER_KEYS[section]})
+
+
+def check_section_keys(config: Mapping[str, Any], source: str = "the config file") -> None:
+    """Raise ValueError on an unknown key in ``fsdp_config`` or ``deepspeed_config``, with a guess."""
+    for section in _LAUNCHER_KEYS:
+        given = config.get(section) or {}
+        allowed = section_keys(section)
+        for key in given:
+            if key in allowed:
+                continue
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            guess = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"Unknown key {key!r} in {section} of {source}.{guess} The keys {section} "
+                f"accepts: {', '.join(allowed)}. Fix or remove that line."
+            )
 
 
 def plugin_env(config: Mapping[str, Any]) -> dict[str, str]:

@@ -262,6 +262,24 @@ def _choice(value: Any, normalise: Callable[[str], str]) -> str:
     return normalise(str(value.value if hasattr(value, "value") else value))
 
 
+def _check_devices(values: Mapping[str, Any], sources: Mapping[str, str], devices: int) -> None:
+    """More processes per machine than visible accelerators would share one: refuse, naming both."""
+    if devices == 0:  # CPU (asked for with --cpu, or no accelerator): any number of processes
+        return
+    gpu_ids = values["gpu_ids"]
+    if gpu_ids not in (None, "all"):
+        devices = min(devices, len([part for part in str(gpu_ids).split(",") if part.strip()]))
+    per_machine = int(values["num_processes"]) // max(1, int(values["num_machines"]))
+    if per_machine > devices:
+        raise ValueError(
+            f"num_processes={values['num_processes']} (from {sources['num_processes']}) starts "
+            f"{per_machine} processes on this machine, but only {devices} accelerator(s) are "
+            "visible: processes would share a device (and NCCL refuses that). Pass "
+            f"--num_processes {devices * max(1, int(values['num_machines']))} (one per device), "
+            "or --cpu to run every process on the CPU."
+        )
+
+
 def build_plan(
     resolved: Mapping[str, Resolved],
     script: str,
@@ -288,11 +306,12 @@ def build_plan(
     """
     values = {name: item.value for name, item in resolved.items()}
     sources = {name: item.source for name, item in resolved.items()}
+    use_cpu = bool(values["use_cpu"])
+    devices = 0 if use_cpu or count_devices is None else count_devices()
     if values["num_processes"] is None:
-        use_cpu = bool(values["use_cpu"])
-        devices = 0 if use_cpu or count_devices is None else count_devices()
         values["num_processes"] = max(1, devices) * int(values["num_machines"])
         sources["num_processes"] = f"default ({'CPU' if devices == 0 else f'{devices} devices'})"
+    _check_devices(values, sources, devices)
     if values["main_process_ip"] is None:
         if int(values["num_machines"]) > 1:
             raise ValueError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from typing import Any
 
 from hasten.core.imports import is_package_available, require
@@ -53,7 +54,12 @@ class TensorBoardTracker(GeneralTracker):
         return self.writer
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        """Write ``values`` (flattened to ``a/b`` keys) to the HPARAMS tab of this run."""
+        """Write ``values`` (flattened to ``a/b`` keys) to the HPARAMS tab, and hparams.yml.
+
+        Into this run's own events (so TensorBoard shows them beside its metrics) and, as
+        Accelerate does, into a ``<logging_dir>/<run_name>/<time>/`` sub-folder: the
+        ``add_hparams`` events there and ``hparams.yml`` with ``values`` as given.
+        """
         flat = {key: to_hparam(value) for key, value in flatten_dict(values).items()}
         summary = importlib.import_module(
             type(self.writer).__module__.rsplit(".", 1)[0] + ".summary"
@@ -62,6 +68,17 @@ class TensorBoardTracker(GeneralTracker):
         for proto in summary.hparams(flat, {}):
             writer.add_summary(proto)
         self.writer.flush()
+        stamp = str(time.time())
+        if type(self.writer).__module__.startswith("tensorboardX"):
+            self.writer.add_hparams(flat, {}, name=stamp)
+        else:
+            self.writer.add_hparams(flat, {}, run_name=stamp)
+        import yaml  # a core dependency; deferred like the writer
+
+        folder = os.path.join(self.logging_dir, stamp)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "hparams.yml"), "w", encoding="utf-8") as handle:
+            yaml.dump(values, handle)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Write numbers as scalars, strings as text and dicts of numbers as grouped scalars."""

@@ -62,8 +62,10 @@ def test_accelerator_watches_only_with_automatic_naming(tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     Accelerator(cpu=True)
     assert ResumableDataLoader.batch_boundary_hook is None
-    assert signal.getsignal(signal.SIGTERM) is before
+    if before is signal.SIG_DFL:  # only the warning notice listens (the tests below)
+        assert signal.getsignal(signal.SIGTERM) is not before
     reset_state()
+    assert signal.getsignal(signal.SIGTERM) is before
     config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
     accelerator = Accelerator(cpu=True, project_config=config)
     assert ResumableDataLoader.batch_boundary_hook is not None
@@ -115,3 +117,52 @@ def test_uneven_shards_get_no_boundary_hook() -> None:
     assert uneven._boundary_hook() is None
     watcher.uninstall()
     assert even._boundary_hook() is None
+
+
+_UNSAVED = """
+import os, signal, sys
+from hasten import Accelerator
+accelerator = Accelerator(cpu=True)  # no project_dir / automatic_checkpoint_naming: nothing saves
+print("ready", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+print("still alive", flush=True)
+"""
+
+
+def test_signal_with_nothing_to_save_warns_then_ends_as_the_signal_would() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _UNSAVED], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert "ready" in result.stdout and "still alive" not in result.stdout
+    assert "Received SIGTERM" in result.stderr and "no checkpoint will be saved" in result.stderr
+    assert "automatic_checkpoint_naming=True" in result.stderr
+
+
+def test_unsaved_notice_leaves_a_users_handler_alone_and_end_training_restores() -> None:
+    def mine(signum: int, frame: object) -> None:
+        return None
+
+    before_usr1 = signal.getsignal(signal.SIGUSR1)
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        accelerator = Accelerator(cpu=True)
+        assert signal.getsignal(signal.SIGTERM) is mine  # the user's own handler is kept
+        assert signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL  # the notice listens
+        accelerator.end_training()
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGUSR1, before_usr1)
+
+
+def test_preemption_watcher_replaces_the_notice(tmp_path: Path) -> None:
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=config)
+    assert active_watcher() is not None
+    assert accelerator._unsaved_notice is None
+    accelerator.end_training()

@@ -84,3 +84,12 @@ def test_test_command_reports_pass_or_fail(
     assert word in capsys.readouterr().out
     assert seen == {"script": str(test_cmd.SELF_CHECK), "config": "c.yaml", "replace": False}
     assert test_cmd.SELF_CHECK.is_file()
+
+
+def test_version_flag_prints_hastens_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from hasten import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hasten {__version__} (the API of Accelerate 1.15.0)"

@@ -166,3 +166,51 @@ def test_default_location_follows_hf_home(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert default_config_path() == str(
         Path("~/.cache/huggingface/accelerate/default_config.yaml").expanduser()
     )
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "guess"),
+    [
+        ("fsdp_config", "fsdp_sharding_stratgy", "fsdp_sharding_strategy"),
+        ("fsdp_config", "sharding_strategy", "fsdp_sharding_strategy"),
+        ("deepspeed_config", "zero_stag", "zero_stage"),
+        ("deepspeed_config", "offload_optimiser_device", "offload_optimizer_device"),
+    ],
+)
+def test_unknown_engine_section_keys_are_errors_with_a_guess(
+    tmp_path: Path, section: str, key: str, guess: str
+) -> None:
+    data = {"distributed_type": "FSDP", section: {key: "x"}}
+    with pytest.raises(
+        ValueError, match=rf"Unknown key '{key}' in {section}.*Did you mean '{guess}'"
+    ):
+        load_config_from_file(_write_yaml(tmp_path / "c.yaml", data))
+
+
+def test_accelerates_engine_section_keys_load(tmp_path: Path) -> None:
+    fsdp = {
+        "fsdp_version": 2,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "Block",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_reshard_after_forward": True,
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_offload_params": False,
+        "fsdp_activation_checkpointing": False,
+    }
+    deepspeed = {
+        "zero_stage": 3,
+        "offload_optimizer_device": "none",
+        "offload_param_device": "none",
+        "zero3_init_flag": True,
+        "zero3_save_16bit_model": True,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "deepspeed_multinode_launcher": "standard",
+    }
+    for section, values, kind in (
+        ("fsdp_config", fsdp, "FSDP"),
+        ("deepspeed_config", deepspeed, "DEEPSPEED"),
+    ):
+        path = _write_yaml(tmp_path / f"{kind}.yaml", {"distributed_type": kind, section: values})
+        assert getattr(load_config_from_file(path), section) == values

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import types
 
@@ -74,11 +75,47 @@ def test_require_missing_names_the_pip_command() -> None:
         require("hasten_nope_pkg", feature="the X tracker")
 
 
-def test_require_prefers_the_extra_and_pip_name() -> None:
+def test_require_prefers_the_extra_and_pip_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(imports, "_editable_checkout", lambda: None)  # installed from the index
     with pytest.raises(ImportError, match=r"pip install 'hasten\[bnb\]'"):
         require("hasten_nope_pkg", feature="bnb", extra="bnb")
     with pytest.raises(ImportError, match=r"pip install 'real-name>=1.2'"):
         require("hasten_nope_pkg", feature="f", pip_name="real-name", min_version="1.2")
+
+
+@pytest.mark.parametrize(
+    ("origin", "command"),
+    [
+        (None, "pip install 'hasten[bnb]'"),  # from the package index
+        ("/src/hasten", "pip install -e '/src/hasten[bnb]'"),  # an editable checkout
+        (
+            "",
+            "pip install 'bitsandbytes'",
+        ),  # a source tree on the path: the index has no such hasten
+    ],
+)
+def test_install_command_follows_how_hasten_was_installed(
+    monkeypatch: pytest.MonkeyPatch, origin: str | None, command: str
+) -> None:
+    monkeypatch.setattr(imports, "_editable_checkout", lambda: origin)
+    assert imports.install_command("bitsandbytes", "bnb") == command
+    assert imports.install_command("bitsandbytes") == "pip install 'bitsandbytes'"
+
+
+def test_editable_checkout_reads_this_install() -> None:
+    import importlib.metadata
+
+    imports._editable_checkout.cache_clear()
+    try:
+        dist = importlib.metadata.distribution("hasten")
+    except importlib.metadata.PackageNotFoundError:
+        assert imports._editable_checkout() == ""
+        return
+    text = dist.read_text("direct_url.json")
+    if text is None:
+        assert imports._editable_checkout() is None
+    else:
+        assert imports._editable_checkout() in ("", json.loads(text)["url"].removeprefix("file://"))
 
 
 def test_require_too_old_says_installed_version() -> None:
@@ -253,6 +290,7 @@ def test_required_decorators(monkeypatch: pytest.MonkeyPatch) -> None:
         return "ok"
 
     assert engine.__doc__ == "Doc kept."
+    monkeypatch.setattr(imports, "_editable_checkout", lambda: None)
     monkeypatch.setattr(imports, "is_package_available", lambda name, min_version=None: False)
     with pytest.raises(
         ImportError,

@@ -146,3 +146,25 @@ def test_a_bad_mixed_precision_names_the_source_it_came_from() -> None:
     ):
         build_plan(resolved, "train.py")
     assert build_plan(_resolve(flags={"mixed_precision": "BF16"}), "t.py").mixed_precision == "bf16"
+
+
+def test_more_processes_than_visible_accelerators_is_an_error_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"num_processes=2 .*only 1 accelerator\(s\).*--cpu"):
+        build_plan(_resolve({"num_processes": 2}), "train.py", count_devices=lambda: 1)
+    with pytest.raises(ValueError, match=r"3 processes on this machine, but only 2 accelerator"):
+        build_plan(
+            _resolve({"num_processes": 3, "gpu_ids": "0,1"}), "train.py", count_devices=lambda: 8
+        )
+
+
+def test_processes_within_the_devices_or_on_cpu_are_fine() -> None:
+    assert (
+        build_plan(_resolve({"num_processes": 2}), "t.py", count_devices=lambda: 2).num_processes
+        == 2
+    )
+    cpu = _resolve({"num_processes": 4, "use_cpu": True})
+    assert build_plan(cpu, "t.py", count_devices=lambda: 1).num_processes == 4
+    none = _resolve({"num_processes": 4})
+    assert build_plan(none, "t.py", count_devices=lambda: 0).num_processes == 4  # no accelerator
+    nodes = _resolve({"num_processes": 4, "num_machines": 2, "main_process_ip": "10.0.0.1"})
+    assert build_plan(nodes, "t.py", count_devices=lambda: 2).nproc_per_node == 2

@@ -50,11 +50,9 @@ def test_every_scalar_and_step_is_in_the_event_file(tmp_path: Path) -> None:
     assert [e.value for e in acc.Scalars("epoch")] == [0, 1, 2, 3, 4]
     tags = acc.Tags()
     assert "note/text_summary" in tags["tensors"]
-    # add_scalars writes each member in its own sub-run folder
-    assert sorted(p.name for p in (tmp_path / "proj").iterdir() if p.is_dir()) == [
-        "pair_a",
-        "pair_b",
-    ]
+    # add_scalars writes each member in its own sub-run folder; the config, a stamped one
+    folders = sorted(p.name for p in (tmp_path / "proj").iterdir() if p.is_dir())
+    assert folders[1:] == ["pair_a", "pair_b"] and float(folders[0]) > 0
 
 
 def test_hparams_are_flattened_into_the_same_run(tmp_path: Path) -> None:
@@ -72,6 +70,20 @@ def test_hparams_are_flattened_into_the_same_run(tmp_path: Path) -> None:
         for key, value in info.hparams.items()
     }
     assert hparams == {"lr": pytest.approx(0.01), "opt/name": "adam", "opt/betas": "[0.9, 0.99]"}
+
+
+def test_hparams_yml_and_events_in_a_sub_folder_as_accelerate(tmp_path: Path) -> None:
+    import yaml
+
+    tracker = TensorBoardTracker("proj", tmp_path)
+    tracker.start()
+    config = {"lr": 0.01, "opt": {"name": "adam", "betas": [0.9, 0.99]}}
+    tracker.store_init_configuration(config)
+    tracker.finish()
+    (sub,) = [path for path in (tmp_path / "proj").iterdir() if path.is_dir()]
+    float(sub.name)  # a time.time() stamp, as Accelerate names it
+    assert yaml.safe_load((sub / "hparams.yml").read_text()) == config
+    assert any(path.name.startswith("events.out.tfevents") for path in sub.iterdir())
 
 
 def test_non_scalars_are_skipped_with_one_warning(tmp_path: Path) -> None:

@@ -315,7 +315,12 @@ class ClusterConfig(BaseConfig):
                     )
 
     def _check_values(self) -> None:
-        """Raise ValueError naming the first key whose value is out of range."""
+        """Raise ValueError naming the first key whose value is out of range (or is unknown)."""
+        from hasten.launchers.env import check_section_keys  # deferred: only files with sections
+
+        check_section_keys(
+            {"fsdp_config": self.fsdp_config, "deepspeed_config": self.deepspeed_config}
+        )
         if self.num_machines < 1:
             raise ValueError(f"Config key 'num_machines' must be >= 1, got {self.num_machines!r}.")
         if not 0 <= self.machine_rank < self.num_machines:
