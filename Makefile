@@ -70,13 +70,13 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory -j3 lint typecheck layers docs $(DS_OPS)
 	@HASTEN_DOCS_SITE=$(abspath docs/_build/html) $(MAKE) --no-print-directory pytest
 
-# The heavy rows of the Hugging Face ecosystem on hasten-as-accelerate (tests marked `ecosystem`,
-# which `make test` leaves out): Trainer on 2 processes under DDP, FSDP2 and DeepSpeed ZeRO-2/3,
-# trl, peft, diffusers' example script, and the alias's real uninstall/replace round trip.
 # The heavy engine x world-size resume rows (make test runs a sample of them).
 test-matrix: $(STAMP) $(DS_OPS)
 	$(BIN)/python -m pytest -q -m matrix tests/distributed/test_deepspeed_reshard.py
 
+# The heavy rows of the Hugging Face ecosystem on hasten-as-accelerate (tests marked `ecosystem`,
+# which `make test` leaves out): Trainer on 2 processes under DDP, FSDP2 and DeepSpeed ZeRO-2/3,
+# trl, peft, diffusers' example script, and the alias's real uninstall/replace round trip.
 test-ecosystem: $(STAMP) $(DS_OPS)
 	$(BIN)/python -m pytest -q -m ecosystem tests/ecosystem
 
