@@ -12,6 +12,7 @@ nothing is published and no process waits for another. Used by `save_state`
 
 from __future__ import annotations
 
+import errno
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,7 +82,14 @@ def _claim(plan: SavePlan, one_folder: str | None, save_on_each_node: bool) -> N
     try:
         plan.agreement.claim()
     except OSError as exc:
-        plan.failure = OSError(exc.errno, f"Cannot make the checkpoint folder: {exc}")
+        hint = ""
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            hint = (
+                f" {plan.final.parent} cannot be written by this process (read-only or not "
+                "permitted): save to a writable folder (the output_dir argument, or "
+                "ProjectConfiguration(project_dir=...)), or make it writable."
+            )
+        plan.failure = OSError(exc.errno, f"Cannot make the checkpoint folder: {exc}.{hint}")
     if one_folder is not None:
         try:
             require_one_folder(plan.agreement, one_folder, plan.failure)

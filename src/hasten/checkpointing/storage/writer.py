@@ -10,6 +10,7 @@ never interleaves with the training loop's.
 
 from __future__ import annotations
 
+import errno
 import functools
 import shutil
 import sys
@@ -41,6 +42,7 @@ from hasten.checkpointing.storage.manifest import (
     manifest_name,
     write_manifest,
 )
+from hasten.checkpointing.storage.space import disk_full_error, out_of_space
 from hasten.checkpointing.storage.tensors import write_safetensors
 from hasten.checkpointing.storage.threads import io_threads
 from hasten.core.nested import recursively_apply
@@ -290,6 +292,10 @@ def _write_named(folder: Path, job: FileJob) -> FileRecord:
         return _write_job(folder, job)
     except OSError as exc:
         raise _FileFailed(job.name, exc) from exc
+    except RuntimeError as exc:  # torch's archive writer hides a full disk's errno
+        if not out_of_space(folder, exc):
+            raise
+        raise _FileFailed(job.name, OSError(errno.ENOSPC, str(exc))) from exc
 
 
 def _sync_named(folder: Path, record: FileRecord) -> None:
@@ -373,6 +379,8 @@ def _write_all(plan: SavePlan) -> list[FileRecord]:
         records += _engine_records(plan)
     except _FileFailed as failed:
         exc = failed.error
+        if out_of_space(plan.staging, exc):
+            raise disk_full_error(plan.final, plan.staging, failed.name) from exc
         message = f"{exc.strerror or exc} while writing {failed.name}"
         raise OSError(
             exc.errno,
