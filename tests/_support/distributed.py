@@ -53,6 +53,9 @@ def _worker(
             "GROUP_RANK": "0",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
+            # PartialState leaves the thread count alone when this is set: raising it in a
+            # fork (a one-process world gets every core) hangs on the parent's OpenMP pool.
+            "OMP_NUM_THREADS": "1",
         }
     )
     os.environ.update(env)
