@@ -19,7 +19,7 @@ from typing import Any
 from hasten.config import envvars
 from hasten.launchers.env import apply_worker_env
 from hasten.launchers.plan import LaunchPlan
-from hasten.launchers.rendezvous import rdzv_configs
+from hasten.launchers.rendezvous import fresh_worker_store, rdzv_configs
 
 __all__ = [
     "choose_port",
@@ -94,9 +94,7 @@ def launch_config(plan: LaunchPlan, port: int | None = None) -> Any:
     from torch.distributed.launcher.api import LaunchConfig  # deferred: imports all of torch
 
     port = plan.main_process_port if port is None else port
-    rdzv = rdzv_configs(
-        plan.rdzv_backend, plan.machine_rank, plan.is_elastic, dict(plan.rdzv_conf)
-    )
+    rdzv = rdzv_configs(plan.rdzv_backend, plan.machine_rank, plan.is_elastic, dict(plan.rdzv_conf))
     local = plan.main_process_ip in ("127.0.0.1", "localhost", "::1")
     return LaunchConfig(
         min_nodes=plan.min_nodes,
@@ -160,6 +158,7 @@ def run_workers(plan: LaunchPlan, env: Mapping[str, str]) -> int:
     from torch.distributed.launcher.api import elastic_launch
 
     apply_worker_env(env)
+    fresh_worker_store(plan.rdzv_backend)
     entrypoint, args = worker_command(plan)
     # torch's static rendezvous keeps one store across its own restarts, so a restarted group
     # can read the previous attempt's gloo/nccl addresses and fail to connect (or hang). On

@@ -15,9 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from hasten.config import envvars
+
 __all__ = [
     "ELASTIC_RDZV_DEFAULTS",
     "check_min_processes",
+    "fresh_worker_store",
     "parse_nnodes",
     "parse_rdzv_conf",
     "rdzv_configs",
@@ -100,6 +103,21 @@ def rdzv_configs(
     return configs
 
 
+def fresh_worker_store(backend: str) -> None:
+    """Make each c10d rendezvous round give its workers a new store, in this (the agent's) env.
+
+    Torch 2.13 shares one TCPStore server between the rank-0 agent and its workers and keeps it
+    across rounds, but ``init_process_group(init_method="env://")`` in the workers writes its
+    gloo/nccl addresses under the same keys every round. After a machine is lost the restarted
+    workers read the previous round's addresses (connectFullMesh: timed out / connection
+    refused) or wait for peers of the old world size, until the restarts run out. Torch's
+    documented opt-out, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, has rank 0 host a store on a
+    new port each round; a value the user set is kept.
+    """
+    if backend == "c10d" and envvars.read("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") is None:
+        envvars.write("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+
+
 def check_min_processes(env: Mapping[str, str], min_machines: int, nproc_per_node: int) -> None:
     """Refuse an elastic range whose smallest world cannot hold the parallelism config.
 
@@ -118,8 +136,7 @@ def check_min_processes(env: Mapping[str, str], min_machines: int, nproc_per_nod
     if needed <= 1 or smallest % needed == 0:
         return
     shown = " x ".join(
-        f"{name.removeprefix('PARALLELISM_CONFIG_').lower()}={size}"
-        for name, size in fixed.items()
+        f"{name.removeprefix('PARALLELISM_CONFIG_').lower()}={size}" for name, size in fixed.items()
     )
     step = needed // math.gcd(needed, nproc_per_node)
     fit = -(-min_machines // step) * step
