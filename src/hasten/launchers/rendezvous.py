@@ -31,9 +31,9 @@ __all__ = [
 # the round closing waits for the next round: the agents see it waiting and restart once.
 ELASTIC_RDZV_DEFAULTS: Mapping[str, str] = {
     "join_timeout": "600",
-    "last_call_timeout": "2",
+    "last_call_timeout": "1",
     "keep_alive_interval": "1",
-    "keep_alive_max_attempt": "3",
+    "keep_alive_max_attempt": "2",
 }
 
 _SIZE_VARIABLES = (
