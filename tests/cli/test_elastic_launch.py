@@ -91,3 +91,24 @@ def test_survivor_continues_at_new_world_size_from_checkpoint(tmp_path: Path) ->
         for proc in machines:
             if proc.poll() is None:
                 _kill_machine(proc)
+
+
+@pytest.mark.timeout(150)
+def test_machine_joining_late_restarts_the_group_once(tmp_path: Path) -> None:
+    port = _free_port()
+    machines = [_machine(0, port, tmp_path, 150, 0.1)]
+    try:
+        log0, log1 = tmp_path / "machine0.log", tmp_path / "machine1.log"
+        _wait_for(log0, r"STEP world=1", 60)  # the first round closed with machine 0 alone
+        machines.append(_machine(1, port, tmp_path, 150, 0.1))
+        assert machines[0].wait(timeout=120) == 0, log0.read_text()
+        assert machines[1].wait(timeout=30) == 0, log1.read_text()
+        starts0 = re.findall(r"START world=(\d+)", log0.read_text())
+        starts1 = re.findall(r"START world=(\d+)", log1.read_text())
+        assert starts0 == ["1", "2"], log0.read_text()  # one restart, at the larger world
+        assert starts1 == ["2"], log1.read_text()  # never a group of its own
+        assert "DONE world=2 step=150" in log0.read_text()
+    finally:
+        for proc in machines:
+            if proc.poll() is None:
+                _kill_machine(proc)

@@ -7,7 +7,7 @@ set by torch's dynamic rendezvous, not by hasten: a dead machine is dropped once
 ``keep_alive_interval x keep_alive_max_attempt`` seconds of heartbeats, and a round with at
 least MIN machines closes ``last_call_timeout`` seconds after it could. Torch's defaults
 (5 s x 3 and 30 s) made a lost machine cost ~45 s; `ELASTIC_RDZV_DEFAULTS` brings that to a
-few seconds. ``--rdzv_conf KEY=VALUE,...`` overrides any of them.
+few seconds, and no shorter (see its comment). ``--rdzv_conf KEY=VALUE,...`` overrides them.
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ __all__ = [
 ]
 
 # c10d rendezvous settings (seconds / counts) for elastic runs; each is a documented key of
-# torch's DynamicRendezvousHandler. A machine that has not joined within last_call_timeout of
-# the round closing waits for the next round: the agents see it waiting and restart once.
+# torch's DynamicRendezvousHandler. Shorter was measured to break: with heartbeats 1 s x 2 on
+# 2 loaded cores a machine that joined late declared the running one dead and trained alone
+# (two groups at world size 1 on one checkpoint folder). With these, a late machine waits in
+# the rendezvous, the running agents see it and restart once, and both go on at world size 2.
 ELASTIC_RDZV_DEFAULTS: Mapping[str, str] = {
     "join_timeout": "600",
-    "last_call_timeout": "1",
+    "last_call_timeout": "2",
     "keep_alive_interval": "1",
-    "keep_alive_max_attempt": "2",
+    "keep_alive_max_attempt": "5",
 }
 
 _SIZE_VARIABLES = (
