@@ -7,6 +7,7 @@ script directly, several go through PyTorch's elastic agent).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from hasten.launchers.elastic import choose_port, run, run_workers, script_comma
 from hasten.launchers.env import plugin_env, setup_fp8_env, worker_env
 from hasten.launchers.options import add_option_flags, check_parallelism_sizes, option_env
 from hasten.launchers.plan import RDZV_BACKENDS, SETTINGS, LaunchPlan, build_plan, resolve_settings
+from hasten.launchers.rendezvous import check_min_processes, parse_nnodes, parse_rdzv_conf
 from hasten.launchers.sagemaker import run_sagemaker
 from hasten.launchers.slurm import slurm_topology
 from hasten.launchers.xla_pod import pod_launch_command
@@ -92,6 +94,17 @@ def _add_topology_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--num_processes", type=int, help="Total processes over all machines.")
     group.add_argument("--num_machines", type=int, help="Number of machines (nodes).")
+    group.add_argument(
+        "--nnodes",
+        help="Machines as N, or MIN:MAX for an elastic job that goes on when machines are "
+        "lost (c10d rendezvous; sets --num_machines MAX).",
+    )
+    group.add_argument(
+        "--rdzv_conf",
+        default="",
+        help="Rendezvous settings KEY=VALUE,... passed to torch elastic (e.g. "
+        "last_call_timeout=2,keep_alive_interval=1).",
+    )
     group.add_argument("--machine_rank", type=int, help="Index of this machine (0 = main).")
     group.add_argument("--main_process_ip", help="Address of machine 0.")
     group.add_argument(
@@ -284,6 +297,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, Any]
     """Resolve flags, environment, config file and defaults into a plan (and the config used)."""
     config = load_launch_config(args.config_file)
     flags = {spec.name: getattr(args, spec.name, None) for spec in SETTINGS}
+    elastic_range = _nnodes(args, flags)
     environ = envvars.snapshot()
     resolved = resolve_settings(flags, config, environ)
     slurm_job = environ.get("SLURM_JOB_ID") if slurm_topology(environ) else None
@@ -297,7 +311,28 @@ def plan_from_args(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, Any]
         rdzv_id=slurm_job,
         count_devices=_count_devices,
     )
+    rdzv_conf = tuple(parse_rdzv_conf(getattr(args, "rdzv_conf", "") or "").items())
+    if elastic_range is not None or rdzv_conf:
+        low = None if elastic_range is None else elastic_range[0]
+        plan = dataclasses.replace(plan, min_machines=low, rdzv_conf=rdzv_conf)
     return plan, config
+
+
+def _nnodes(args: argparse.Namespace, flags: dict[str, Any]) -> tuple[int, int] | None:
+    """Apply ``--nnodes N|MIN:MAX`` to the flags (num_machines, c10d); return (MIN, MAX)."""
+    text = getattr(args, "nnodes", None)
+    if not text:
+        return None
+    low, high = parse_nnodes(str(text))
+    if flags.get("num_machines") not in (None, high):
+        raise ValueError(
+            f"--nnodes {text} and --num_machines {flags['num_machines']} disagree; pass only "
+            "--nnodes (it sets the number of machines to MAX)."
+        )
+    flags["num_machines"] = high
+    if low < high and flags.get("rdzv_backend") is None:
+        flags["rdzv_backend"] = "c10d"  # an elastic range only works with c10d
+    return low, high
 
 
 def launch_command(args: argparse.Namespace) -> int:
@@ -349,6 +384,8 @@ def _plan_and_env(args: argparse.Namespace) -> tuple[LaunchPlan, dict[str, str]]
     env.update(option_env(args))  # --use_fsdp / --fsdp_* flags (one table: launchers/options.py)
     env.update(dict(plan.extra_env))
     check_parallelism_sizes(env, plan.num_processes)
+    if plan.is_elastic:
+        check_min_processes(env, plan.min_nodes, plan.nproc_per_node)
     return plan, env
 
 

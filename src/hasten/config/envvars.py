@@ -136,6 +136,11 @@ ENV_VARS: dict[str, EnvVar] = _table(
         "TORCHELASTIC_RUN_ID",
         "Run id set by torch elastic; its presence means torchrun launched us.",
     ),
+    _str(
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+        "1 makes torch elastic's c10d rendezvous give each round's workers a fresh store; hasten "
+        "launch sets it (the shared store keeps an earlier round's process-group keys).",
+    ),
     _int(
         "HASTEN_RESTART_COUNT",
         "Restart attempt of a worker group, set by hasten launch; workers see it as "

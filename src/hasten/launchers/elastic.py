@@ -19,6 +19,7 @@ from typing import Any
 from hasten.config import envvars
 from hasten.launchers.env import apply_worker_env
 from hasten.launchers.plan import LaunchPlan
+from hasten.launchers.rendezvous import fresh_worker_store, rdzv_configs
 
 __all__ = [
     "choose_port",
@@ -93,21 +94,16 @@ def launch_config(plan: LaunchPlan, port: int | None = None) -> Any:
     from torch.distributed.launcher.api import LaunchConfig  # deferred: imports all of torch
 
     port = plan.main_process_port if port is None else port
-    rdzv_configs: dict[str, Any] = {}
-    if plan.rdzv_backend == "static":
-        rdzv_configs["rank"] = plan.machine_rank
-    elif plan.rdzv_backend == "c10d":
-        # Machine 0 hosts the store; on loopback every agent would otherwise claim to be host.
-        rdzv_configs["is_host"] = plan.machine_rank == 0
+    rdzv = rdzv_configs(plan.rdzv_backend, plan.machine_rank, plan.is_elastic, dict(plan.rdzv_conf))
     local = plan.main_process_ip in ("127.0.0.1", "localhost", "::1")
     return LaunchConfig(
-        min_nodes=plan.num_machines,
+        min_nodes=plan.min_nodes,
         max_nodes=plan.num_machines,
         nproc_per_node=plan.nproc_per_node,
         run_id=plan.rdzv_id,
         rdzv_endpoint=f"{plan.main_process_ip}:{port}",
         rdzv_backend=plan.rdzv_backend,
-        rdzv_configs=rdzv_configs,
+        rdzv_configs=rdzv,
         max_restarts=plan.max_restarts,
         monitor_interval=plan.monitor_interval,
         start_method="spawn",
@@ -162,6 +158,7 @@ def run_workers(plan: LaunchPlan, env: Mapping[str, str]) -> int:
     from torch.distributed.launcher.api import elastic_launch
 
     apply_worker_env(env)
+    fresh_worker_store(plan.rdzv_backend)
     entrypoint, args = worker_command(plan)
     # torch's static rendezvous keeps one store across its own restarts, so a restarted group
     # can read the previous attempt's gloo/nccl addresses and fail to connect (or hang). On

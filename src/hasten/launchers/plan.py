@@ -175,6 +175,8 @@ class LaunchPlan:
     gpu_ids: str = "all"
     max_restarts: int = 0
     monitor_interval: float = 0.1
+    min_machines: int | None = None
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -214,6 +216,7 @@ class LaunchPlan:
             raise ValueError(
                 f"main_process_port must be in [0, 65535], got {self.main_process_port!r}."
             )
+        self._check_elastic()
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts!r}.")
         if self.monitor_interval <= 0:
@@ -227,6 +230,21 @@ class LaunchPlan:
             raise ValueError(
                 "gradient_accumulation_steps must be >= 1, got "
                 f"{self.gradient_accumulation_steps!r}."
+            )
+
+    def _check_elastic(self) -> None:
+        if self.min_machines is None:
+            return
+        if not 1 <= self.min_machines <= self.num_machines:
+            raise ValueError(
+                f"min_machines must be in [1, num_machines={self.num_machines}], got "
+                f"{self.min_machines!r}. Pass --nnodes MIN:MAX with 1 <= MIN <= MAX."
+            )
+        if self.is_elastic and self.rdzv_backend != "c10d":
+            raise ValueError(
+                f"--nnodes {self.min_machines}:{self.num_machines} is an elastic range, which "
+                f"needs the c10d rendezvous; rdzv_backend is {self.rdzv_backend!r}. Pass "
+                "--rdzv_backend c10d (or a fixed --nnodes N)."
             )
 
     def _check_choices(self) -> None:
@@ -246,6 +264,16 @@ class LaunchPlan:
     def nproc_per_node(self) -> int:
         """Number of worker processes this machine starts."""
         return self.num_processes // self.num_machines
+
+    @property
+    def min_nodes(self) -> int:
+        """Fewest machines the job runs on: MIN of ``--nnodes MIN:MAX``, else all of them."""
+        return self.num_machines if self.min_machines is None else self.min_machines
+
+    @property
+    def is_elastic(self) -> bool:
+        """True when the job may continue on fewer machines than ``num_machines``."""
+        return self.min_nodes < self.num_machines
 
     @property
     def is_single_process(self) -> bool:
