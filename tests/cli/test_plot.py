@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hasten.commands import plot
-from hasten.core.imports import is_package_available
+from hasten.core.imports import install_command, is_package_available
 from hasten.tracking.jsonl import JSONLTracker
 
 pytestmark = pytest.mark.cli
@@ -88,7 +89,9 @@ def test_missing_matplotlib_names_the_extra(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an uninstalled package looks like
     try:
         with pytest.raises(
-            ImportError, match=r"hasten plot requires 'matplotlib'.*pip install 'hasten\[plot\]'"
+            ImportError,
+            match=r"hasten plot requires 'matplotlib'.*"
+            + re.escape(install_command("matplotlib", "plot")),
         ):
             plot.plot_metrics(run)
     finally:
