@@ -63,8 +63,8 @@ def disk_full_error(final: Path, staging: Path, name: str) -> OSError:
         needed = f"more than the {written} bytes it had written when the disk filled"
     return OSError(
         errno.ENOSPC,
-        f"No space left on the file system holding {final.parent} ({free} bytes free) while "
-        f"writing {name} of the checkpoint {final}: it needs {needed}. The checkpoint was not "
+        f"No space left on device: the file system holding {final.parent} has {free} bytes free"
+        f" while writing {name} of the checkpoint {final}, which needs {needed}. The checkpoint was not "
         "published, the earlier checkpoints are untouched and training can go on. Free space "
         "(remove old checkpoints, or keep fewer with ProjectConfiguration(total_limit=...)) or "
         "save to another folder, then save again.",

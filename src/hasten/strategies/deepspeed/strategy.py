@@ -437,7 +437,10 @@ class DeepSpeedStrategy(Strategy):
                     f"{index}; load a checkpoint saved with the same models prepared."
                 )
             saved = saved_partitions(folder / tag)
+            if saved is not None and files is None:  # no manifest listed the ranks' files
+                saved.check_complete()
             if saved is not None and saved.world_size != engine.seq_dp_world_size:
+                saved.check_complete()
                 check_same_model(saved, engine)
                 check_adam_state(engine, saved.world_size)
                 check_one_zero3_group(engine, saved.world_size)

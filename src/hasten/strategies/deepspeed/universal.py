@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -52,16 +53,58 @@ _PREFIX = "hasten-zero-universal-"
 class ZeroPartitions:
     """What a ZeRO checkpoint's tag folder holds: its data-parallel size and parameter shapes.
 
+    The size comes from the partition files' names, so a load at the same size reads nothing
+    more than the engine does; the shapes (and the size DeepSpeed recorded) come from one
+    model-states file's header, read only when the checkpoint is resharded (`check_complete`).
+
     Args:
         folder: the tag folder (``<checkpoint>/pytorch_model``).
-        world_size: the data-parallel size that saved it.
-        shapes: each parameter's name and shape, as DeepSpeed recorded them.
+        world_size: the data-parallel size the partition files' names show.
+        model_file: the model-states file whose header records sizes and shapes.
     """
 
-    def __init__(self, folder: Path, world_size: int, shapes: dict[str, torch.Size]) -> None:
+    def __init__(self, folder: Path, world_size: int, model_file: Path) -> None:
         self.folder = folder
         self.world_size = world_size
-        self.shapes = shapes
+        self.model_file = model_file
+
+    @functools.cached_property
+    def _header(self) -> dict[str, Any]:
+        # DeepSpeed's own file (verified against the manifest before any read): its tensors
+        # are memory-mapped, not read; DeepSpeed's conversion loads it the same way.
+        state: dict[str, Any] = torch.load(
+            self.model_file, map_location="cpu", mmap=True, weights_only=False
+        )
+        return state
+
+    @property
+    def shapes(self) -> dict[str, torch.Size]:
+        """Each parameter's name and shape, as DeepSpeed recorded them."""
+        shapes: dict[str, torch.Size] = {}
+        for group in self._header.get("param_shapes") or []:
+            shapes.update(group)
+        return shapes
+
+    def check_complete(self, names: Sequence[str] | None = None) -> None:
+        """Refuse a checkpoint missing some data-parallel ranks' files (names the ranks).
+
+        Raises:
+            FileNotFoundError: a rank below the recorded data-parallel size has no files.
+        """
+        names = names or sorted(e.name for e in os.scandir(self.folder) if e.is_file())
+        recorded = int(self._header["dp_world_size"])
+        missing = set(range(recorded)) - _ranks(names, _OPTIM)
+        if _ranks(names, _MODEL3):
+            missing |= set(range(recorded)) - _ranks(names, _MODEL3)
+        if missing:
+            raise FileNotFoundError(
+                f"{self.folder} was saved by {recorded} data-parallel process(es) but the ZeRO "
+                f"files of rank(s) {sorted(missing)} are missing (zero_pp_rank_<rank>_*_states.pt)"
+                ": each rank's partition is needed to rebuild the state. Copy those files from "
+                "the saving run's checkpoint folder (every process wrote its own; on several "
+                "machines each wrote to its local disk), or load a complete checkpoint."
+            )
+        self.world_size = recorded
 
 
 def _ranks(names: Sequence[str], pattern: re.Pattern[str]) -> set[int]:
@@ -72,16 +115,15 @@ def _ranks(names: Sequence[str], pattern: re.Pattern[str]) -> set[int]:
 def saved_partitions(folder: Path) -> ZeroPartitions | None:
     """The partitions of the ZeRO checkpoint in tag folder ``folder``; None for a stage-0 one.
 
-    Only the header of one model-states file is read (its tensors are memory-mapped, not read).
+    Nothing is read: the size is the partition files' count by name (`ZeroPartitions`).
 
     Raises:
-        FileNotFoundError: some data-parallel ranks' files are missing (names the ranks).
+        FileNotFoundError: no model-states file, or a gap in the ranks' files (names them).
     """
     names = sorted(entry.name for entry in os.scandir(folder) if entry.is_file())
     optim = _ranks(names, _OPTIM)
     if not optim:
         return None
-    stage3 = _ranks(names, _MODEL3)
     model = [n for n in names if _MODEL3.fullmatch(n) or _MODEL.fullmatch(n)]
     if not model:
         raise FileNotFoundError(
@@ -89,23 +131,10 @@ def saved_partitions(folder: Path) -> ZeroPartitions | None:
             "(mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt): the "
             "checkpoint is incomplete. Copy the whole checkpoint folder the saving run wrote."
         )
-    state = torch.load(folder / model[0], map_location="cpu", mmap=True, weights_only=False)
-    world_size = int(state["dp_world_size"])
-    missing = sorted(set(range(world_size)) - optim)
-    if stage3:
-        missing = sorted(set(missing) | (set(range(world_size)) - stage3))
-    if missing:
-        raise FileNotFoundError(
-            f"{folder} was saved by {world_size} data-parallel process(es) but the ZeRO files of "
-            f"rank(s) {missing} are missing (zero_pp_rank_<rank>_*_states.pt): each rank's "
-            "partition is needed to rebuild the state. Copy those files from the saving run's "
-            "checkpoint folder (every process wrote its own; on several machines each wrote to "
-            "its local disk), or load a complete checkpoint."
-        )
-    shapes: dict[str, torch.Size] = {}
-    for group in state.get("param_shapes") or []:
-        shapes.update(group)
-    return ZeroPartitions(folder, world_size, shapes)
+    saved = ZeroPartitions(folder, max(optim) + 1, folder / model[0])
+    if len(optim) != saved.world_size:  # a gap: name the missing ranks
+        saved.check_complete(names)
+    return saved
 
 
 def check_same_model(saved: ZeroPartitions, engine: Any) -> None:
