@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from torch.utils.data import (
     TensorDataset,
 )
 
+from hasten.core.imports import install_command
 from hasten.data_loader import BatchSamplerShard, DataLoaderShard, prepare_data_loader
 from hasten.state import GradientState
 
@@ -224,7 +226,8 @@ def test_stateful_dataloader_without_torchdata_says_how_to_install(
     try:
         with pytest.raises(
             ImportError,
-            match=r"use_stateful_dataloader=True requires 'torchdata'.*pip install 'hasten\[stateful\]'",
+            match=r"use_stateful_dataloader=True requires 'torchdata'.*"
+            + re.escape(install_command("torchdata", "stateful")),
         ):
             DataLoaderShard(_dataset(), batch_size=2, use_stateful_dataloader=True)
     finally:
